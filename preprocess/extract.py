@@ -1,0 +1,90 @@
+"""Extract stage: every input -> one normalised corpus file.
+
+Output format (fairseq's convention): one paragraph per line, one blank line
+between documents, no blank line at the start or end. Inputs are read in the
+order --wiki..., --books..., --text...; documents that normalise to nothing are
+dropped (and counted), never written as empty documents.
+"""
+import itertools
+
+from tqdm import tqdm
+
+from . import text as textmod
+from . import wiki
+from .parallel import ordered_imap
+
+# Segments sent to a worker per task: enough to amortise pickling, small
+# enough that a few tasks per worker in flight stay well under 100 MB.
+_SEGMENTS_PER_TASK = 16
+_MAX_SEGMENT_LINES = 4096
+
+
+def _process_task(task):
+    """Worker: [(kind, starts_doc, payload)] -> [(starts_doc, normalised lines)]."""
+    options, segments = task
+    out = []
+    for kind, starts_doc, payload in segments:
+        raw_lines = wiki.clean_wikitext(payload) if kind == "wiki" else payload
+        lines = []
+        for raw in raw_lines:
+            norm = textmod.normalize_line(raw, lowercase=options["lowercase"], nfkc=options["nfkc"])
+            if norm:
+                lines.append(norm)
+        out.append((starts_doc, lines))
+    return out
+
+
+def _segments(sources, skip_bad, stats):
+    """(kind, starts_doc, payload) for every input, in order, streaming."""
+    for kind, path in sources:
+        source_stats = stats.setdefault(str(path), {"kind": kind})
+        if kind == "wiki":
+            for page in wiki.iter_pages(path, source_stats):
+                yield "wiki", True, page
+        elif kind == "books":
+            for book in textmod.book_files(path):
+                source_stats["files"] = source_stats.get("files", 0) + 1
+                for starts_doc, lines in textmod.read_book_segments(book, skip_bad, source_stats, _MAX_SEGMENT_LINES):
+                    yield "text", starts_doc, lines
+        elif kind == "text":
+            for starts_doc, lines in textmod.read_text_segments(path, skip_bad, source_stats, _MAX_SEGMENT_LINES):
+                yield "text", starts_doc, lines
+        else:
+            raise ValueError(kind)
+
+
+def extract(sources, out_path, options, workers, skip_bad, stats):
+    """Write the corpus to ``out_path``; returns {"documents", "lines", "bytes", "empty_documents_dropped"}."""
+    segments = _segments(sources, skip_bad, stats)
+    tasks = (
+        (options, list(batch))
+        for batch in iter(lambda: list(itertools.islice(segments, _SEGMENTS_PER_TASK)), [])
+    )
+    docs = lines_written = nbytes = dropped = 0
+    doc_has_text = False  # does the document being written have a line yet?
+    started = False       # have we seen any segment yet?
+    with open(out_path, "w", encoding="utf-8", newline="\n") as out, \
+            tqdm(desc="extract", unit=" docs", disable=None) as bar:
+        for results in ordered_imap(_process_task, tasks, workers):
+            for starts_doc, lines in results:
+                if starts_doc:
+                    if started and not doc_has_text:
+                        dropped += 1
+                    started = True
+                    doc_has_text = False
+                for line in lines:
+                    if not doc_has_text:
+                        if docs:
+                            out.write("\n")
+                            nbytes += 1
+                        docs += 1
+                        doc_has_text = True
+                        bar.update(1)
+                    data = line + "\n"
+                    out.write(data)
+                    nbytes += len(data.encode("utf-8"))
+                    lines_written += 1
+        if started and not doc_has_text:
+            dropped += 1
+    return {"documents": docs, "lines": lines_written, "bytes": nbytes,
+            "empty_documents_dropped": dropped}

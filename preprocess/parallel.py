@@ -1,0 +1,30 @@
+"""Order-preserving parallel map with a bounded number of tasks in flight."""
+import collections
+import multiprocessing
+
+
+def ordered_imap(func, iterable, workers, initializer=None, initargs=(), inflight_per_worker=4):
+    """Like ``Pool.imap(func, iterable)`` but reads ``iterable`` lazily.
+
+    Hand-written because ``Pool.imap`` and ``ProcessPoolExecutor.map`` (Python
+    3.11) both drain the whole input iterable into their task queue as fast as
+    it can be produced; with an XML reader that is faster than the wikitext
+    cleaners, that would pull the whole dump into memory. Here at most
+    ``workers * inflight_per_worker`` tasks exist at a time, results come back
+    in input order (deterministic output), and workers=1 runs in-process.
+    """
+    if workers <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        for item in iterable:
+            yield func(item)
+        return
+    limit = workers * inflight_per_worker
+    with multiprocessing.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+        pending = collections.deque()
+        for item in iterable:
+            pending.append(pool.apply_async(func, (item,)))
+            if len(pending) >= limit:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()

@@ -1,0 +1,128 @@
+"""Text normalisation and the plain-text readers (BookCorpus-style dirs, ready corpora).
+
+``normalize_line`` is the single definition of the normalisation recorded in
+``preprocess.json``; anything that tokenizes raw text for this model (HF export,
+downstream encoding) must apply it before the sentencepiece model, because the
+model itself is trained with sentencepiece's ``identity`` normalizer.
+"""
+import re
+import unicodedata
+from pathlib import Path
+
+from .errors import PreprocessError
+
+# Any run of Unicode whitespace (str.isspace: includes NBSP, U+2028, \x1c-\x1f ...)
+# becomes one ASCII space. fairseq's tokenize_line splits on the same class (\s),
+# so no sentencepiece piece may contain any of these characters.
+_WHITESPACE = re.compile(r"\s+")
+# Control characters (category Cc) that are not whitespace carry no text and
+# would otherwise become byte-fallback pieces; drop them.
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
+
+NORMALIZATION_STEPS = (
+    "lowercase (str.lower) when enabled",
+    "unicodedata NFKC",
+    "drop non-whitespace control characters (Unicode Cc)",
+    "collapse every run of Unicode whitespace to one ASCII space, strip both ends",
+)
+
+
+def normalize_line(line, lowercase=True, nfkc=True):
+    """Normalise one paragraph/line; returns '' for lines with no text left.
+
+    Lower-casing happens before NFKC so that the result is NFKC-stable
+    (normalize_line(normalize_line(x)) == normalize_line(x)).
+    """
+    if lowercase:
+        line = line.lower()
+    if nfkc:
+        line = unicodedata.normalize("NFKC", line)
+    line = _CONTROL.sub("", line)
+    return _WHITESPACE.sub(" ", line).strip()
+
+
+def decode_lines(path, skip_bad, stats):
+    """Yield (line_number, text) of a UTF-8 file, streaming, '\\n' as the only line end.
+
+    Lines are split on b'\\n' before decoding so that U+2028 & co. never split
+    a line (they are whitespace inside it), and a bad byte can be reported with
+    its line number or, with ``skip_bad``, that line alone skipped and counted.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if not skip_bad:
+                    raise PreprocessError(
+                        path,
+                        f"line {number}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                        "fix the file or pass --skip-bad to skip such lines",
+                    ) from None
+                stats["bad_lines_skipped"] = stats.get("bad_lines_skipped", 0) + 1
+                continue
+            yield number, text.rstrip("\r\n")
+
+
+def check_nonempty_file(path):
+    path = Path(path)
+    if not path.exists():
+        raise PreprocessError(path, "no such file")
+    if not path.is_file():
+        raise PreprocessError(path, "not a regular file")
+    if path.stat().st_size == 0:
+        raise PreprocessError(path, "empty file")
+
+
+def book_files(directory):
+    """The .txt files of a BookCorpus-style directory (one book per file), sorted for determinism."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise PreprocessError(directory, "no such directory")
+    if not directory.is_dir():
+        raise PreprocessError(directory, "not a directory (--books expects a folder of .txt files)")
+    files = sorted(p for p in directory.rglob("*.txt") if p.is_file())
+    if not files:
+        raise PreprocessError(directory, "empty directory: no .txt files found")
+    return files
+
+
+def read_book_segments(path, skip_bad, stats, max_lines):
+    """One book = one document; every non-blank line is a paragraph.
+
+    Blank lines inside a book are dropped (in the output a blank line means
+    "next document"). Yields (starts_document, [lines]) segments of at most
+    ``max_lines`` so a huge book never sits in memory whole.
+    """
+    check_nonempty_file(path)
+    starts_doc = True
+    buf = []
+    for _, line in decode_lines(path, skip_bad, stats):
+        if line.strip():
+            buf.append(line)
+            if len(buf) >= max_lines:
+                yield starts_doc, buf
+                starts_doc, buf = False, []
+    if buf or starts_doc:
+        yield starts_doc, buf
+
+
+def read_text_segments(path, skip_bad, stats, max_lines):
+    """A corpus already in "one paragraph per line, blank line between documents" form."""
+    check_nonempty_file(path)
+    starts_doc = True
+    buf = []
+    for _, line in decode_lines(path, skip_bad, stats):
+        if not line.strip():
+            if buf:
+                yield starts_doc, buf
+                buf = []
+            starts_doc = True
+            continue
+        buf.append(line)
+        if len(buf) >= max_lines:
+            yield starts_doc, buf
+            starts_doc, buf = False, []
+    if buf:
+        yield starts_doc, buf

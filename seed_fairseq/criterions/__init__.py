@@ -1,0 +1,2 @@
+# fairseq does not auto-import criterions from a --user-dir: import explicitly.
+from .seed_pretrain import SeedPretrainCriterion  # noqa: F401

@@ -1,0 +1,166 @@
+"""Drop the weak decoder after pre-training (the paper discards it).
+
+    python -m seed_fairseq.drop_decoder CHECKPOINT OUT.pt [--data DATA_BIN]
+
+writes an encoder-only checkpoint that stock fairseq loads as a ``roberta``
+model (``RobertaModel.from_pretrained``, ``--restore-file`` for
+``sentence_prediction`` fine-tuning, ...) without this plugin and under
+torch's safe ``weights_only`` loading: it holds tensors and plain
+containers only (no optimizer state, no pickled config objects).
+
+Before anything is written, the encoder-only model is loaded back through
+fairseq and its features are compared with the full model's on the same
+input; the file appears (atomically, via rename) only if they match.
+"""
+
+import argparse
+import copy
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+logger = logging.getLogger("seed_fairseq.drop_decoder")
+
+DECODER_PREFIX = "weak_decoder."
+MODEL_KEYS_ONLY_FOR_DECODER = ("decoder_",)
+
+
+def _plain(cfg):
+    """Config -> plain dicts/lists (fairseq keeps argparse models' config as a Namespace)."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    if isinstance(cfg, argparse.Namespace):
+        cfg = vars(cfg)
+    if isinstance(cfg, dict):
+        return {k: _plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [_plain(v) for v in cfg]
+    return copy.deepcopy(cfg)
+
+
+def drop_decoder(state: dict) -> dict:
+    """Pure function: a ``seed_encoder`` checkpoint dict -> an encoder-only
+    RoBERTa checkpoint dict (the input is not modified)."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+    from fairseq.tasks.masked_lm import MaskedLMConfig
+
+    from . import models  # noqa: F401  (registers the seed_encoder archs)
+
+    cfg = _plain(state.get("cfg"))
+    if not cfg or "model" not in cfg:
+        raise ValueError("not a fairseq checkpoint with a config (no 'cfg' entry)")
+    model_cfg = dict(cfg["model"])
+    name = model_cfg.get("_name") or model_cfg.get("arch")
+    if ARCH_MODEL_NAME_REGISTRY.get(name, name) != "seed_encoder":
+        raise ValueError(f"expected a seed_encoder checkpoint, got model/arch {name!r}")
+    model_cfg = {
+        k: v for k, v in model_cfg.items() if not k.startswith(MODEL_KEYS_ONLY_FOR_DECODER)
+    }
+    model_cfg["_name"] = "roberta"
+    model_cfg["arch"] = "roberta"
+    # argparse-era models keep a copy of every option in cfg.model
+    for key, value in (("user_dir", None), ("task", "masked_lm"), ("criterion", "masked_lm")):
+        if key in model_cfg:
+            model_cfg[key] = value
+    allowed_task_keys = {f.name for f in dataclasses.fields(MaskedLMConfig)}
+    task_cfg = {k: v for k, v in cfg["task"].items() if k in allowed_task_keys}
+    task_cfg["_name"] = "masked_lm"
+    new_cfg = dict(cfg)
+    new_cfg.update(model=model_cfg, task=task_cfg, criterion={"_name": "masked_lm"})
+    new_cfg["common"] = dict(cfg.get("common") or {}, user_dir=None)
+    # optimizer / lr-scheduler state belongs to the pre-training run
+    for key in ("optimizer", "lr_scheduler", "bmuf", "ema"):
+        new_cfg.pop(key, None)
+
+    weights = {
+        k: v.clone() for k, v in state["model"].items() if not k.startswith(DECODER_PREFIX)
+    }
+    if len(weights) == len(state["model"]):
+        logger.warning("the checkpoint has no weak decoder weights")
+    num_updates = 0
+    if state.get("optimizer_history"):
+        num_updates = int(state["optimizer_history"][-1].get("num_updates", 0))
+    return {
+        "args": None,
+        "cfg": new_cfg,
+        "model": weights,
+        "optimizer_history": [
+            {"criterion_name": "MaskedLmLoss", "optimizer_name": "none",
+             "lr_scheduler_state": {"best": None}, "num_updates": num_updates}
+        ],
+        "extra_state": {
+            "epoch": 1,
+            "train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True, "version": 2},
+            "seed_fairseq": {"source": "drop_decoder", "pretrain_updates": num_updates},
+        },
+        "last_optimizer_state": None,
+    }
+
+
+def _encoder_features(model, tokens):
+    with torch.no_grad():
+        features, _ = model(tokens, features_only=True)
+    return features
+
+
+def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
+    """Load CHECKPOINT (plugin imported), drop the decoder, verify, write OUT atomically."""
+    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
+    from fairseq import checkpoint_utils
+
+    if not os.path.isfile(checkpoint):
+        raise FileNotFoundError(f"{checkpoint}: checkpoint not found")
+    overrides = {"data": data} if data else None
+    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
+    encoder_state = drop_decoder(state)
+
+    models, _ = checkpoint_utils.load_model_ensemble([checkpoint], arg_overrides=overrides)
+    full = models[0].eval()
+    out_dir = os.path.dirname(os.path.abspath(out))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".drop_decoder.", suffix=".pt", dir=out_dir)
+    os.close(fd)
+    try:
+        torch.save(encoder_state, tmp)
+        encoder_models, _ = checkpoint_utils.load_model_ensemble([tmp], arg_overrides=overrides)
+        encoder = encoder_models[0].eval()
+        if type(encoder).__name__ != "RobertaModel":
+            raise RuntimeError(f"encoder-only checkpoint loaded as {type(encoder).__name__}")
+        d = full.encoder.dictionary
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(d.nspecial, len(d), (3, 17), generator=g)
+        tokens[:, 0] = d.bos()
+        tokens[1, 11:] = d.pad()
+        diff = (_encoder_features(full, tokens) - _encoder_features(encoder, tokens)).abs().max().item()
+        if diff > atol:
+            raise RuntimeError(f"encoder features differ after dropping the decoder (max abs diff {diff:g})")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    logger.info(f"wrote {out}: encoder-only RoBERTa checkpoint (features match, max abs diff {diff:.2e})")
+    return out
+
+
+def main(argv=None):
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a seed_pretrain checkpoint (e.g. checkpoint_last.pt)")
+    parser.add_argument("out", help="where to write the encoder-only checkpoint")
+    parser.add_argument("--data", help="data folder with dict.txt, if it moved since training")
+    args = parser.parse_args(argv)
+    try:
+        write_encoder_checkpoint(args.checkpoint, args.out, data=args.data)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+from .seed_encoder import SeedEncoderModel  # noqa: F401

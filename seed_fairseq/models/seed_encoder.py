@@ -1,0 +1,248 @@
+"""SEED-Encoder: a RoBERTa-style encoder pre-trained with MLM plus a weak decoder
+that reconstructs the input from the encoder's [CLS] vector alone.
+
+The encoder is fairseq's own ``RobertaEncoder`` (so the ``encoder.*`` keys are
+exactly RoBERTa's and map one to one onto the authors' released encoder
+weights and onto HuggingFace's RoBERTa classes).  The weak decoder lives under
+``weak_decoder.*``: RoBERTa's ``upgrade_state_dict_named`` renames every key
+starting with ``decoder`` (an old RoBERTa naming), so that attribute name
+would silently corrupt our checkpoints.
+"""
+
+import argparse
+import logging
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.roberta import RobertaModel
+from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
+from fairseq.models.transformer import transformer_legacy
+from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from fairseq.utils import safe_getattr
+
+from ..modules.windowed_decoder import FULL, WindowedTransformerDecoder, parse_window
+
+logger = logging.getLogger(__name__)
+
+EMBED_KEY = "encoder.sentence_encoder.embed_tokens.weight"
+
+
+def _window_arg(value):
+    try:
+        return parse_window(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def cls_memory(features: torch.Tensor):
+    """The decoder's whole view of the encoder: the last-layer position-0 vector.
+
+    ``features`` is ``(batch, time, dim)``; the result is fairseq's encoder_out
+    dict with a single memory entry ``(1, batch, dim)`` and no padding mask.
+    """
+    return {
+        "encoder_out": [features[:, :1, :].transpose(0, 1)],
+        "encoder_padding_mask": [],
+    }
+
+
+@register_model("seed_encoder")
+class SeedEncoderModel(RobertaModel):
+    """RoBERTa encoder + MLM head, plus a weak decoder used only in pre-training."""
+
+    @staticmethod
+    def add_args(parser):
+        RobertaModel.add_args(parser)
+        parser.add_argument(
+            "--decoder-layers", type=int, metavar="L",
+            help="weak decoder layers (paper: 3); 0 builds no decoder (MLM-only baseline)",
+        )
+        parser.add_argument(
+            "--decoder-attention-window", type=_window_arg, metavar="K",
+            help="weak decoder self-attention window k: position i sees i-k+1..i and "
+            "position 0 (paper: 2); 'full' = ordinary causal attention",
+        )
+        parser.add_argument(
+            "--decoder-attention-heads", type=int, metavar="H",
+            help="weak decoder attention heads (default: same as the encoder)",
+        )
+        parser.add_argument(
+            "--decoder-ffn-embed-dim", type=int, metavar="N",
+            help="weak decoder FFN dimension (default: same as the encoder)",
+        )
+        parser.add_argument(
+            "--decoder-scale-embedding", action="store_true",
+            help="scale decoder token embeddings by sqrt(dim) like a vanilla Transformer "
+            "(default: off, as in the encoder)",
+        )
+
+    @classmethod
+    def build_model(cls, args, task):
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, False)
+        base_architecture(args)
+        args.decoder_attention_window = parse_window(args.decoder_attention_window)
+        if args.decoder_layers < 0:
+            raise ValueError(f"--decoder-layers must be >= 0, got {args.decoder_layers}")
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, True)
+        # RobertaModel.build_model builds the encoder; __init__ adds the decoder.
+        return super().build_model(args, task)
+
+    def __init__(self, args, encoder):
+        super().__init__(args, encoder)  # applies BERT init to the encoder
+        self.weak_decoder = self.build_weak_decoder(args, encoder)
+
+    def build_weak_decoder(self, args, encoder):
+        if args.decoder_layers == 0:
+            return None
+        dec_args = argparse.Namespace(
+            encoder_embed_dim=args.encoder_embed_dim,
+            decoder_embed_dim=args.encoder_embed_dim,
+            decoder_ffn_embed_dim=args.decoder_ffn_embed_dim,
+            decoder_layers=args.decoder_layers,
+            decoder_attention_heads=args.decoder_attention_heads,
+            decoder_normalize_before=True,  # pre-LN layers + final LayerNorm
+            layernorm_embedding=True,
+            decoder_learned_pos=True,
+            no_scale_embedding=not args.decoder_scale_embedding,
+            share_decoder_input_output_embed=True,  # tied, no bias
+            max_target_positions=args.max_positions,
+            activation_fn=args.activation_fn,
+            dropout=args.dropout,
+            attention_dropout=args.attention_dropout,
+            activation_dropout=args.activation_dropout,
+        )
+        transformer_legacy.base_architecture(dec_args)
+        embed_tokens = encoder.sentence_encoder.embed_tokens  # shared with the encoder
+        decoder = WindowedTransformerDecoder(
+            dec_args, encoder.dictionary, embed_tokens, args.decoder_attention_window
+        )
+        # BERT initialisation for everything the decoder owns; the shared token
+        # table (and the output projection tied to it) stays as the encoder set
+        # it, padding row included.
+        decoder.layers.apply(init_bert_params)
+        decoder.embed_positions.apply(init_bert_params)
+        return decoder
+
+    def forward(
+        self,
+        src_tokens,
+        prev_output_tokens=None,
+        features_only=False,
+        return_all_hiddens=False,
+        classification_head_name=None,
+        masked_tokens=None,
+        **kwargs,
+    ):
+        """Without ``prev_output_tokens`` this is exactly RoBERTa's forward.
+
+        With them (pre-training) it returns ``(mlm_logits, extra)`` where
+        ``extra["decoder_out"]`` holds the weak decoder's logits
+        ``(batch, tgt_len, vocab)``.
+        """
+        if prev_output_tokens is None or self.weak_decoder is None:
+            x, extra = super().forward(
+                src_tokens, features_only, return_all_hiddens,
+                classification_head_name, masked_tokens=masked_tokens, **kwargs,
+            )
+            if prev_output_tokens is not None:
+                extra["decoder_out"] = None
+            return x, extra
+        features, extra = self.encoder.extract_features(
+            src_tokens, return_all_hiddens=return_all_hiddens
+        )
+        extra["decoder_out"], _ = self.weak_decoder(
+            prev_output_tokens, encoder_out=cls_memory(features)
+        )
+        if features_only:
+            return features, extra
+        return self.encoder.output_layer(features, masked_tokens=masked_tokens), extra
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        prefix = name + "." if name != "" else ""
+        embed = state_dict.get(prefix + EMBED_KEY)
+        n_symbols = len(self.encoder.dictionary)
+        if embed is not None and embed.size(0) != n_symbols:
+            raise ValueError(
+                f"dictionary size mismatch: the checkpoint's token embedding has "
+                f"{embed.size(0)} rows but the data's dict.txt gives {n_symbols} symbols "
+                f"(including specials and <mask>); train/load with the dict.txt the "
+                f"checkpoint was trained with"
+            )
+        has_decoder_keys = any(k.startswith(prefix + "weak_decoder.") for k in state_dict)
+        if self.weak_decoder is not None and not has_decoder_keys and embed is not None:
+            # An encoder-only checkpoint (e.g. written by drop_decoder) used to
+            # initialise a full model: keep the fresh decoder weights.
+            logger.warning("checkpoint has no weak decoder weights; keeping the freshly initialised decoder")
+            for k, v in self.weak_decoder.state_dict().items():
+                state_dict[prefix + "weak_decoder." + k] = v
+        super().upgrade_state_dict_named(state_dict, name)
+
+
+# ---------------------------------------------------------------------------
+# Architectures
+# ---------------------------------------------------------------------------
+
+
+@register_model_architecture("seed_encoder", "seed_encoder")
+def base_architecture(args):
+    """BERT-base encoder (12 heads, as in the released weights) + 3-layer k=2 decoder."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 3)
+    args.decoder_attention_window = safe_getattr(args, "decoder_attention_window", 2)
+    args.decoder_scale_embedding = safe_getattr(args, "decoder_scale_embedding", False)
+    roberta_base_architecture(args)
+    args.decoder_attention_heads = safe_getattr(
+        args, "decoder_attention_heads", args.encoder_attention_heads
+    )
+    args.decoder_ffn_embed_dim = safe_getattr(
+        args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim
+    )
+
+
+@register_model_architecture("seed_encoder", "seed_encoder_base")
+def seed_encoder_base(args):
+    base_architecture(args)
+
+
+@register_model_architecture("seed_encoder", "seed_encoder_mlm_only")
+def seed_encoder_mlm_only(args):
+    """Same encoder and data pipeline, no decoder: the MLM-only baseline."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 0)
+    base_architecture(args)
+
+
+@register_model_architecture("seed_encoder", "seed_encoder_tiny")
+def seed_encoder_tiny(args):
+    """A small model for tests and CPU demos (2 x 128 encoder, 3-layer k=2 decoder)."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    base_architecture(args)
+
+
+# The paper's decoder ablation (EMNLP'21 Fig. 3 / preprint Fig. 5-6): decoder
+# depth 1/3/5 x attention window 2 / 8 / full, all on the BERT-base encoder.
+ABLATION_WINDOWS = {"k2": 2, "k8": 8, "full": FULL}
+ABLATION_LAYERS = (1, 3, 5)
+
+
+def _register_ablation(name, layers, window):
+    def arch(args):
+        args.decoder_layers = safe_getattr(args, "decoder_layers", layers)
+        args.decoder_attention_window = safe_getattr(args, "decoder_attention_window", window)
+        base_architecture(args)
+
+    arch.__doc__ = f"BERT-base encoder + {layers}-layer weak decoder, attention window {window}."
+    register_model_architecture("seed_encoder", name)(arch)
+
+
+for _layers in ABLATION_LAYERS:
+    for _suffix, _window in ABLATION_WINDOWS.items():
+        _register_ablation(f"weak_decoder_l{_layers}_{_suffix}", _layers, _window)
+# Short names for the 3-layer decoders.
+for _suffix, _window in ABLATION_WINDOWS.items():
+    _register_ablation(f"weak_decoder_{_suffix}", 3, _window)

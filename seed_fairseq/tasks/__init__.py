@@ -1,0 +1,1 @@
+from .seed_pretrain import SeedPretrainTask  # noqa: F401

@@ -1,0 +1,177 @@
+"""The ``seed_pretrain`` task: RoBERTa-style MLM data plus the weak decoder's
+input/target, built from the same fairseq-binarized monolingual data.
+
+Pipeline (composed like fairseq's ``masked_lm``):
+
+    mmap shards --TokenBlockDataset(tokens_per_sample - 1, break mode)--> blocks
+    --PrependTokenDataset(<s> = [CLS])--> s = [CLS] x1 .. xn   (UNMASKED)
+       |-- MaskTokensDataset --> src_tokens (encoder input) + MLM target
+       |-- s[:-1]            --> prev_output_tokens (decoder input)
+       '-- s[1:]             --> dec_target
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import List
+
+import numpy as np
+import torch
+from fairseq import utils
+from fairseq.data import (
+    Dictionary,
+    IdDataset,
+    MaskTokensDataset,
+    NestedDictionaryDataset,
+    NumelDataset,
+    NumSamplesDataset,
+    RightPadDataset,
+    SortDataset,
+    data_utils,
+)
+from fairseq.tasks import register_task
+from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
+from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+from omegaconf import II
+
+from ..data.shift_tokens_dataset import ShiftTokensDataset
+from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
+
+logger = logging.getLogger(__name__)
+
+# sentencepiece marks the first piece of a word with U+2581; the dictionary
+# holds pieces, so whole-word masking can be read off the dictionary itself.
+WORD_START = "\u2581"
+
+
+@dataclass
+class SeedPretrainConfig(MaskedLMConfig):
+    # The authors used fairseq's "complete" mode: a block holds whole sentences
+    # and may cross document boundaries.
+    sample_break_mode: SAMPLE_BREAK_MODE_CHOICES = field(
+        default="complete",
+        metadata={
+            "help": "how the token stream is cut into blocks of tokens-per-sample - 1 "
+            "tokens (+[CLS]): 'complete' (default, as the authors) = whole sentences, "
+            "may cross documents; 'complete_doc' = never crosses a document "
+            "boundary (empty line); 'none' = fixed-size blocks; 'eos' = one sentence"
+        },
+    )
+    tokens_per_sample: int = field(
+        default=512,
+        metadata={"help": "encoder input length including [CLS] (paper: 512)"},
+    )
+    # Read from fairseq's optimisation config so that the criterion can
+    # normalise by the token counts of the whole update (see data/update_counts.py).
+    update_freq: List[int] = II("optimization.update_freq")
+
+
+@register_task("seed_pretrain", dataclass=SeedPretrainConfig)
+class SeedPretrainTask(MaskedLMTask):
+    """MLM + weak-decoder reconstruction pre-training (SEED-Encoder)."""
+
+    cfg: SeedPretrainConfig
+
+    def __init__(self, cfg: SeedPretrainConfig, dictionary=None):
+        if cfg.d2v2_multi or cfg.include_target_tokens or cfg.skip_masking:
+            raise ValueError(
+                "seed_pretrain does not support the data2vec options "
+                "--d2v2-multi / --include-target-tokens / --skip-masking"
+            )
+        super().__init__(cfg, dictionary)
+
+    @classmethod
+    def load_dict(cls, cfg):
+        paths = utils.split_paths(cfg.data)
+        if not paths:
+            raise ValueError("no data directory given")
+        dict_path = os.path.join(paths[0], "dict.txt")
+        if not os.path.isfile(dict_path):
+            raise FileNotFoundError(
+                f"{dict_path}: dictionary not found; DATA must be a folder written by "
+                "fairseq-preprocess (or python -m preprocess.build) holding dict.txt"
+            )
+        dictionary = Dictionary.load(dict_path)
+        if len(dictionary) <= dictionary.nspecial:
+            raise ValueError(f"{dict_path}: dictionary has no symbols besides the specials")
+        logger.info("dictionary: {} types".format(len(dictionary)))
+        return dictionary
+
+    def whole_word_mask(self):
+        """ByteTensor over the dictionary: 1 where a symbol starts a word.
+
+        fairseq's ``get_whole_word_mask`` needs a BPE object built from a model
+        path; the rule it applies for sentencepiece is just this prefix test,
+        which we can read off the dictionary the data was binarized with.
+        """
+        d = self.source_dictionary
+        starts = [
+            i < d.nspecial or sym.startswith(WORD_START) or sym.startswith("<")
+            for i, sym in enumerate(d.symbols)
+        ]
+        return torch.ByteTensor(starts)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        # [CLS] x1 .. xn, unmasked
+        dataset = self._load_dataset_split(split, epoch, combine)
+        if len(dataset) == 0:
+            paths = utils.split_paths(self.cfg.data)
+            split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
+            raise ValueError(f"{split_path}: the '{split}' split is empty (no tokens)")
+        pad = self.source_dictionary.pad()
+
+        src_dataset, tgt_dataset = MaskTokensDataset.apply_mask(
+            dataset,
+            self.source_dictionary,
+            pad_idx=pad,
+            mask_idx=self.mask_idx,
+            seed=self.cfg.seed,
+            mask_prob=self.cfg.mask_prob,
+            leave_unmasked_prob=self.cfg.leave_unmasked_prob,
+            random_token_prob=self.cfg.random_token_prob,
+            freq_weighted_replacement=self.cfg.freq_weighted_replacement,
+            mask_whole_words=self.whole_word_mask() if self.cfg.mask_whole_words else None,
+            mask_multiple_length=self.cfg.mask_multiple_length,
+            mask_stdev=self.cfg.mask_stdev,
+        )
+        dec_input = ShiftTokensDataset(dataset, drop="last")
+        dec_target = ShiftTokensDataset(dataset, drop="first")
+
+        with data_utils.numpy_seed(self.cfg.seed):
+            shuffle = np.random.permutation(len(src_dataset))
+
+        self.datasets[split] = SortDataset(
+            NestedDictionaryDataset(
+                {
+                    "id": IdDataset(),
+                    "net_input": {
+                        "src_tokens": RightPadDataset(src_dataset, pad_idx=pad),
+                        "src_lengths": NumelDataset(src_dataset, reduce=False),
+                        "prev_output_tokens": RightPadDataset(dec_input, pad_idx=pad),
+                    },
+                    "target": RightPadDataset(tgt_dataset, pad_idx=pad),
+                    "dec_target": RightPadDataset(dec_target, pad_idx=pad),
+                    "nsentences": NumSamplesDataset(),
+                    "ntokens": NumelDataset(src_dataset, reduce=True),
+                },
+                sizes=[src_dataset.sizes],
+            ),
+            sort_order=[shuffle, src_dataset.sizes],
+        )
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        epoch_iter = super().get_batch_iterator(dataset, *args, **kwargs)
+        update_freq = self.cfg.update_freq
+        if not isinstance(update_freq, (list, tuple)) or not update_freq:
+            update_freq = [1]  # e.g. the task built outside fairseq-train
+        return UpdateCountsEpochBatchIterator(
+            epoch_iter, update_freq, self.source_dictionary.pad()
+        )
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if ignore_grad and UPDATE_COUNTS in sample:
+            # fairseq's dummy batch (a copy of an earlier one, used when this
+            # worker ran out of data) must not add to the update's counts.
+            sample = dict(sample)
+            sample[UPDATE_COUNTS] = torch.zeros_like(sample[UPDATE_COUNTS])
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
