@@ -20,8 +20,8 @@ _WHITESPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
 
 NORMALIZATION_STEPS = (
-    "lowercase (str.lower) when enabled",
     "unicodedata NFKC",
+    "lowercase (str.lower) when enabled, then NFKC again",
     "drop non-whitespace control characters (Unicode Cc)",
     "collapse every run of Unicode whitespace to one ASCII space, strip both ends",
 )
@@ -30,13 +30,17 @@ NORMALIZATION_STEPS = (
 def normalize_line(line, lowercase=True, nfkc=True):
     """Normalise one paragraph/line; returns '' for lines with no text left.
 
-    Lower-casing happens before NFKC so that the result is NFKC-stable
-    (normalize_line(normalize_line(x)) == normalize_line(x)).
+    NFKC runs before lower-casing (NFKC turns e.g. U+210C "ℌ" into "H") and
+    again after it (lower-casing can leave a non-NFC sequence, e.g. "İ" ->
+    "i" + U+0307), so the result is stable: normalize_line(normalize_line(x))
+    == normalize_line(x), which makes applying it again downstream harmless.
     """
-    if lowercase:
-        line = line.lower()
     if nfkc:
         line = unicodedata.normalize("NFKC", line)
+    if lowercase:
+        line = line.lower()
+        if nfkc:
+            line = unicodedata.normalize("NFKC", line)
     line = _CONTROL.sub("", line)
     return _WHITESPACE.sub(" ", line).strip()
 

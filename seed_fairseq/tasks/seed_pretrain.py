@@ -111,13 +111,21 @@ class SeedPretrainTask(MaskedLMTask):
         ]
         return torch.ByteTensor(starts)
 
+    def _load_dataset_split(self, split, epoch, combine):
+        paths = utils.split_paths(self.cfg.data)
+        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
+        empty = ValueError(f"{split_path}: the '{split}' split is empty (no tokens)")
+        # numpy cannot memory-map an empty .bin: catch it before fairseq does
+        if os.path.isfile(split_path + ".bin") and os.path.getsize(split_path + ".bin") == 0:
+            raise empty
+        dataset = super()._load_dataset_split(split, epoch, combine)
+        if len(dataset) == 0:
+            raise empty
+        return dataset
+
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         # [CLS] x1 .. xn, unmasked
         dataset = self._load_dataset_split(split, epoch, combine)
-        if len(dataset) == 0:
-            paths = utils.split_paths(self.cfg.data)
-            split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
-            raise ValueError(f"{split_path}: the '{split}' split is empty (no tokens)")
         pad = self.source_dictionary.pad()
 
         src_dataset, tgt_dataset = MaskTokensDataset.apply_mask(

@@ -1,0 +1,41 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+README = Path(__file__).with_name("README.md")
+
+setup(
+    name="seed_fairseq",
+    version="0.1.0",
+    description="SEED-Encoder pre-training (MLM + weak decoder) as a fairseq --user-dir plugin",
+    long_description=README.read_text(encoding="utf-8") if README.exists() else "",
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.8",
+    packages=find_packages(include=["seed_fairseq", "seed_fairseq.*", "preprocess", "preprocess.*"]),
+    install_requires=[
+        # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed ships
+        # the same `fairseq` module with that fixed.  Both pull torchaudio,
+        # which text training never uses and which breaks `import
+        # transformers` here: scripts/setup_env.sh removes it again.
+        "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
+        "fairseq==0.12.2; python_version < '3.11'",
+        # satisfied by the local CPU build torch==2.13.0; an open upper bound
+        # would make pip fetch a multi-GB CUDA build
+        "torch>=1.13,<2.14",
+        "numpy>=1.21.3",
+        "sentencepiece>=0.1.99",
+        "tqdm",
+        "tensorboardX",  # --tensorboard-logdir
+        "requests",  # fairseq's hub interface (RobertaModel.from_pretrained) imports it
+        "mwparserfromhell>=0.6",  # preprocess/: Wikipedia markup
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+    },
+    entry_points={
+        "console_scripts": [
+            "seed-drop-decoder=seed_fairseq.drop_decoder:main",
+        ],
+    },
+)

@@ -1,0 +1,243 @@
+"""Model-level behaviour: registration, the window mask, the [CLS] bottleneck,
+receptive fields, half precision, and clear errors."""
+
+import pytest
+import torch
+from conftest import build_task_model
+
+from seed_fairseq.models.seed_encoder import SeedEncoderModel, cls_memory
+from seed_fairseq.modules.windowed_decoder import (
+    FULL,
+    parse_window,
+    receptive_field,
+    window_allowed,
+    window_attention_mask,
+)
+
+
+def literal(rows):
+    return torch.tensor([[c == "x" for c in r] for r in rows])
+
+
+def test_registered_names_are_ours():
+    import fairseq.criterions as C
+    import fairseq.models as M
+    import fairseq.tasks as T
+
+    from seed_fairseq.criterions.seed_pretrain import SeedPretrainCriterion
+    from seed_fairseq.tasks.seed_pretrain import SeedPretrainTask
+
+    assert M.MODEL_REGISTRY["seed_encoder"] is SeedEncoderModel
+    assert T.TASK_REGISTRY["seed_pretrain"] is SeedPretrainTask
+    assert C.CRITERION_REGISTRY["seed_pretrain"] is SeedPretrainCriterion
+    names = ["seed_encoder_base", "seed_encoder_tiny", "seed_encoder_mlm_only",
+             "weak_decoder_k2", "weak_decoder_full", "weak_decoder_l5_full",
+             "weak_decoder_l1_k2", "weak_decoder_l5_k8"]
+    for name in names:
+        assert M.ARCH_MODEL_REGISTRY[name] is SeedEncoderModel, name
+        assert M.ARCH_MODEL_NAME_REGISTRY[name] == "seed_encoder"
+
+
+def test_window_mask_matches_the_authors_literal_matrix():
+    expected = literal([
+        "x.....",
+        "xx....",
+        "xxx...",
+        "x.xx..",
+        "x..xx.",
+        "x...xx",
+    ])
+    assert torch.equal(window_allowed(6, 2), expected)
+
+
+def test_window_mask_k3_and_full():
+    assert torch.equal(window_allowed(6, 3), literal([
+        "x.....",
+        "xx....",
+        "xxx...",
+        "xxxx..",
+        "x.xxx.",
+        "x..xxx",
+    ]))
+    assert torch.equal(window_allowed(4, FULL), literal(["x...", "xx..", "xxx.", "xxxx"]))
+    # k=1: itself and [CLS] only
+    assert torch.equal(window_allowed(4, 1), literal(["x...", "xx..", "x.x.", "x..x"]))
+
+
+def test_additive_mask_is_zero_or_minus_inf_and_never_a_full_row():
+    m = window_attention_mask(9, 2)
+    allowed = window_allowed(9, 2)
+    assert torch.all(m[allowed] == 0)
+    assert torch.all(torch.isneginf(m[~allowed]))
+    assert torch.all(allowed.any(dim=1))
+
+
+@pytest.mark.parametrize("bad", [0, -1, "0", "abc", 1.5, True])
+def test_window_below_one_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        parse_window(bad)
+
+
+def test_decoder_uses_the_window_mask_in_every_layer(odd_dict_dir):
+    _, model, _, _ = build_task_model(odd_dict_dir, "--decoder-attention-window", "3")
+    seen = []
+    for layer in model.weak_decoder.layers:
+        layer.register_forward_pre_hook(
+            lambda mod, args, kwargs: seen.append(kwargs["self_attn_mask"].clone()),
+            with_kwargs=True,
+        )
+    prev = torch.randint(4, 98, (2, 7))
+    model.eval()
+    model.weak_decoder(prev, encoder_out=cls_memory(torch.randn(2, 9, 32)))
+    assert len(seen) == len(model.weak_decoder.layers) == 2
+    for m in seen:
+        assert torch.equal(m == 0, window_allowed(7, 3))
+
+
+def _decoder_logits(model, tokens, features):
+    """The model's own forward, with the encoder's output replaced by `features`."""
+    model.encoder.extract_features = lambda *a, **k: (features, {"inner_states": None})
+    try:
+        _, extra = model(tokens, prev_output_tokens=tokens[:, :-1])
+    finally:
+        del model.encoder.extract_features
+    return extra["decoder_out"]
+
+
+def test_decoder_sees_the_encoder_only_through_position_0(odd_dict_dir):
+    _, model, _, _ = build_task_model(odd_dict_dir)
+    model.eval()
+    torch.manual_seed(0)
+    tokens = torch.randint(4, 98, (3, 11))
+    tokens[:, 0] = 0
+    features = torch.randn(3, 11, 32)
+    base = _decoder_logits(model, tokens, features)
+
+    other = features.clone()
+    other[:, 1:] = torch.randn(3, 10, 32) * 5  # every position but [CLS]
+    assert torch.equal(_decoder_logits(model, tokens, other), base)
+
+    cls_changed = features.clone()
+    cls_changed[:, 0] += 1.0
+    changed = _decoder_logits(model, tokens, cls_changed)
+    assert (changed - base).abs().amax(dim=-1).min() > 1e-4  # every position moves
+
+
+@pytest.mark.parametrize("window,layers", [(2, 2), (3, 2), (2, 3)])
+def test_decoder_receptive_field(odd_dict_dir, window, layers):
+    _, model, _, _ = build_task_model(
+        odd_dict_dir, "--decoder-attention-window", str(window), "--decoder-layers", str(layers)
+    )
+    # float64: influence through several small-init layers is tiny but must
+    # be non-zero inside the field, while outside it must be exactly zero
+    model.eval().double()
+    torch.manual_seed(1)
+    n = 14
+    prev = torch.randint(4, 98, (1, n))
+    prev[0, 0] = 0
+    memory = cls_memory(torch.randn(1, 5, 32, dtype=torch.float64))
+
+    def logits(tokens):
+        with torch.no_grad():
+            return model.weak_decoder(tokens, encoder_out=memory)[0][0]
+
+    base = logits(prev)
+    for p in range(n):
+        changed = prev.clone()
+        changed[0, p] = 4 + (prev[0, p] - 4 + 7) % 94
+        diff = (logits(changed) - base).abs().amax(dim=-1)
+        for t in range(n):
+            inside = p == 0 or p in receptive_field(t, window, layers)
+            if inside:
+                assert diff[t] > 1e-12, (p, t)
+            else:
+                assert diff[t] == 0, (p, t)  # outside or later: not even rounding noise
+
+
+def test_full_window_is_plain_causal_attention(odd_dict_dir):
+    _, model, _, _ = build_task_model(odd_dict_dir, arch_args=[
+        "--arch", "weak_decoder_full", "--encoder-layers", "1", "--encoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "37", "--encoder-attention-heads", "2", "--decoder-layers", "2"])
+    assert model.weak_decoder.window == FULL
+    model.eval().double()
+    torch.manual_seed(2)
+    prev = torch.randint(4, 98, (1, 10))
+    memory = cls_memory(torch.randn(1, 3, 32, dtype=torch.float64))
+    with torch.no_grad():
+        base = model.weak_decoder(prev, encoder_out=memory)[0][0]
+        changed = prev.clone()
+        changed[0, 1] = 4 + (prev[0, 1] - 4 + 5) % 94
+        diff = (model.weak_decoder(changed, encoder_out=memory)[0][0] - base).abs().amax(-1)
+    assert diff[0] == 0 and torch.all(diff[1:] > 1e-12)
+
+
+def test_ablation_archs_configure_the_decoder(odd_dict_dir):
+    for arch, layers, window in [("weak_decoder_l1_k2", 1, 2), ("weak_decoder_l5_full", 5, FULL),
+                                 ("weak_decoder_k8", 3, 8)]:
+        from fairseq import options
+
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(
+            parser, [str(odd_dict_dir), "--user-dir", "seed_fairseq", "--task", "seed_pretrain",
+                     "--arch", arch, "--criterion", "seed_pretrain"])
+        assert args.decoder_layers == layers and args.decoder_attention_window == window
+        assert args.encoder_layers == 12 and args.encoder_embed_dim == 768
+        assert args.encoder_attention_heads == 12  # the released weights, not the paper's 8
+
+
+def test_shared_and_tied_weights(odd_dict_dir):
+    _, model, _, _ = build_task_model(odd_dict_dir)
+    emb = model.encoder.sentence_encoder.embed_tokens.weight
+    assert model.weak_decoder.embed_tokens.weight is emb
+    assert model.weak_decoder.output_projection.weight is emb
+    assert model.weak_decoder.output_projection.bias is None
+    assert model.encoder.lm_head.weight is emb
+    assert emb.shape == (99, 32)
+    assert torch.all(emb[1] == 0)  # padding row kept at zero by the BERT init
+    # decoder positions: fairseq's learned positions with the padding offset
+    assert model.weak_decoder.embed_positions.weight.shape[0] == 32 + 2
+
+
+def test_bfloat16_forward_and_loss_are_finite(odd_dict_dir):
+    task, model, criterion, _ = build_task_model(odd_dict_dir)
+    model = model.to(torch.bfloat16).train()
+    pad = task.source_dictionary.pad()
+    torch.manual_seed(3)
+    src = torch.randint(4, 98, (4, 16))
+    src[:, 0] = 0
+    src[2, 9:] = pad  # padding in the batch
+    target = torch.full_like(src, pad)
+    target[:, 3] = src[:, 3]
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": src.ne(pad).sum(1),
+                      "prev_output_tokens": src[:, :-1]},
+        "target": target,
+        "dec_target": torch.where(src[:, 1:].eq(pad), pad, src[:, 1:]),
+        "ntokens": int(src.ne(pad).sum()),
+        "nsentences": 4,
+    }
+    loss, _, log = criterion(model, sample)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad.float()).all(), name
+
+
+def test_mlm_only_arch_has_no_decoder(odd_dict_dir):
+    _, model, _, _ = build_task_model(odd_dict_dir, arch_args=[
+        "--arch", "seed_encoder_mlm_only", "--encoder-layers", "1", "--encoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "37", "--encoder-attention-heads", "2"])
+    assert model.weak_decoder is None
+    assert not any(k.startswith("weak_decoder") for k in model.state_dict())
+
+
+def test_dictionary_size_mismatch_is_a_clear_error(odd_dict_dir, tmp_path):
+    _, model, _, _ = build_task_model(odd_dict_dir)
+    state = model.state_dict()
+    with open(tmp_path / "dict.txt", "w") as f:
+        for i in range(N := 90):
+            f.write(f"v{i} 1\n")
+    _, other, _, _ = build_task_model(tmp_path)
+    with pytest.raises(ValueError, match=r"dictionary size mismatch: the checkpoint's token embedding has 99 rows"):
+        other.load_state_dict(state)
+    assert N == 90

@@ -1,0 +1,550 @@
+"""Tests of preprocess/: raw dumps and text -> sentencepiece BPE -> fairseq mmap data.
+
+The real-data tests use ../shared/data/enwiki-sample-206-pages.xml.bz2 (beside
+the repo) and skip cleanly without it; everything else builds small fixtures
+in tmp_path. One module-scoped wiki build is shared by the real-data tests.
+"""
+import bz2
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+
+from preprocess import build as build_mod
+from preprocess.text import normalize_line
+from preprocess.vocab import fairseq_to_spm_id, spm_to_fairseq_id
+
+REPO = Path(__file__).resolve().parents[1]
+WIKI_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "enwiki-sample-206-pages.xml.bz2"
+BIN = Path(sys.executable).parent
+MARKUP = ("[[", "]]", "{{", "}}", "<ref", "|}")
+TINY_TRAIN = [
+    "--encoder-layers", "1", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37",
+    "--encoder-attention-heads", "2", "--tokens-per-sample", "64", "--max-positions", "64",
+    "--max-update", "3", "--batch-size", "4", "--cpu", "--no-save", "--optimizer", "adam",
+    "--lr", "1e-4", "--log-format", "simple", "--log-interval", "1", "--num-workers", "0",
+    "--skip-invalid-size-inputs-valid-test", "--seed", "1",
+]
+
+
+def run_build(*args, check=True):
+    """The CLI as users run it, in a subprocess (exit code, stderr, no traceback)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "preprocess.build", *map(str, args)],
+        cwd=REPO, capture_output=True, text=True,
+        env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
+    )
+    if check:
+        assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def build_inprocess(capsys, *args):
+    """main() in-process: fast for the many error cases; returns (exit code, stderr)."""
+    code = build_mod.main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def decode_split(prefix, out):
+    """fairseq's own reader + dictionary + spm decode: the text a split holds."""
+    from fairseq.data import Dictionary
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    ds = MMapIndexedDataset(str(prefix))
+    lines = []
+    for i in range(len(ds)):
+        ids = ds[i].tolist()
+        assert ids[-1] == dictionary.eos()
+        lines.append(sp.decode([fairseq_to_spm_id(t) for t in ids[:-1]]))
+    return lines
+
+
+def files_of(directory):
+    """{relative path: bytes} of every file, for byte-for-byte comparisons."""
+    directory = Path(directory)
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# ---- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wiki_out(tmp_path_factory):
+    if not WIKI_SAMPLE.exists():
+        pytest.skip(f"{WIKI_SAMPLE} not present (../shared beside the repo)")
+    out = tmp_path_factory.mktemp("wiki") / "data-bin"
+    run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
+              "--valid-docs", 5, "--test-docs", 5, "--keep-work")
+    return out
+
+
+BOOKS = {
+    "b1.txt": "Chapter One\r\n\r\nThe CAFÉ opened at 9:30, said Zoë.\r\nＦｕｌｌｗｉｄｔｈ text and ﬁ ligature.\r\n",
+    "b2.txt": "It was a dark   and stormy night;\n\n\nthe rain fell in torrents — except at occasional intervals.\n",
+    "sub/b3.txt": "Numbers: 3.14159, 2,718 and 1e-9.\nPunctuation!? (yes) [no] {maybe} \"quoted\" 'single'.\n",
+}
+
+
+def make_text_corpus(path, docs=40, seed=0):
+    """A ready corpus: paragraphs per line, blank line between documents."""
+    import random
+
+    rng = random.Random(seed)
+    words = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain "
+             "city music science history garden über café naïve 42 1999 3.5 — !? , .").split()
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for d in range(docs):
+            if d:
+                f.write("\n")
+            for _ in range(rng.randint(1, 4)):
+                f.write(" ".join(rng.choice(words) for _ in range(rng.randint(5, 30))).capitalize() + "\n")
+
+
+@pytest.fixture
+def books_dir(tmp_path):
+    d = tmp_path / "books"
+    for name, content in BOOKS.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(content.encode("utf-8"))
+    return d
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    make_text_corpus(path)
+    return path
+
+
+SMALL = ["--vocab-size", 400, "--workers", 2, "--valid-docs", 2, "--test-docs", 2]
+
+
+def mediawiki_xml(pages):
+    """A minimal MediaWiki export; pages = [(title, ns, text or None for a redirect)]."""
+    parts = ['<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">',
+             "<siteinfo><sitename>Test</sitename></siteinfo>"]
+    for i, (title, ns, text) in enumerate(pages):
+        redirect = '<redirect title="Elsewhere" />' if text is None else ""
+        body = "#REDIRECT [[Elsewhere]]" if text is None else text
+        body = body.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        parts.append(f"<page><title>{title}</title><ns>{ns}</ns><id>{i + 1}</id>{redirect}"
+                     f"<revision><id>{100 + i}</id><text xml:space=\"preserve\">{body}</text></revision></page>")
+    parts.append("</mediawiki>")
+    return "\n".join(parts).encode("utf-8")
+
+
+SYNTH_PAGES = [
+    ("Alpha", 0, "'''Alpha''' is a [[letter]] {{citation needed}}.<ref>A source.</ref>\n\n"
+                 "== History ==\nIt came from [[Phoenicia|the Phoenicians]].\n\n"
+                 "{| class=\"wikitable\"\n|-\n| cell || cell\n|}\n\n[[Category:Letters]]\n"
+                 "[[File:Alpha.png|thumb|An alpha]]\n== References ==\n{{reflist}}\n"),
+    ("Beta", 0, "'''Beta''' is the second letter. It is used in [[mathematics]] and physics.\n"),
+    ("Gamma", 0, None),
+    ("Talk:Alpha", 1, "Discussion, not an article."),
+    ("Delta", 0, "Delta is a river landform, for example the Nile delta. Sediment builds it.\n"),
+    ("Epsilon", 0, "Epsilon denotes a small positive quantity in analysis and calculus.\n"),
+    ("Zeta", 0, "The Riemann zeta function is central to analytic number theory.\n"),
+]
+
+
+# ---- unit tests: normalisation and the id rule ----------------------------------------------
+
+
+def test_normalize_line():
+    assert normalize_line("  The\u00a0CAFÉ\t\tis   ＯＰＥＮ\u2028now \x07 ") == "the café is open now"
+    assert normalize_line("ﬁne", lowercase=False) == "fine"
+    assert normalize_line("Keep Case", lowercase=False, nfkc=False) == "Keep Case"
+    assert normalize_line(" \u3000 \x0b") == ""
+    for s in ("İstanbul Ǆ ﬀ ℌ Ⅻ ǅ ẞ ᴬ", "x\u0301y ½ ¹ ™", "Σίσυφος ΟΔΟΣ"):
+        once = normalize_line(s)
+        assert normalize_line(once) == once  # idempotent: safe to apply again downstream
+
+
+def test_spm_to_fairseq_id_rule():
+    assert [spm_to_fairseq_id(i) for i in range(6)] == [3, 0, 2, 4, 5, 6]
+    for fid in (0, 2, 3, 4, 999):
+        assert spm_to_fairseq_id(fairseq_to_spm_id(fid)) == fid
+    with pytest.raises(ValueError):
+        fairseq_to_spm_id(1)  # <pad> has no sentencepiece id
+
+
+# ---- real Wikipedia sample ------------------------------------------------------------------
+
+
+def _count_articles_independently(path):
+    """Non-redirect pages in the article namespace, counted without preprocess code."""
+    n = 0
+    with bz2.open(path) as f:
+        for _, elem in ET.iterparse(f):
+            if elem.tag.endswith("}page"):
+                ns = elem.find("{*}ns").text
+                if ns == "0" and elem.find("{*}redirect") is None:
+                    n += 1
+                elem.clear()
+    return n
+
+
+def test_wiki_articles_all_come_out(wiki_out):
+    expected = _count_articles_independently(WIKI_SAMPLE)
+    assert expected > 100
+    record = json.loads((wiki_out / "preprocess.json").read_text())
+    docs = record["documents"]
+    assert docs["documents"] + docs["empty_documents_dropped"] == expected
+    assert docs["documents"] >= expected - 2  # cleaning must not empty real articles
+    splits = record["splits"]
+    assert sum(s["documents"] for s in splits.values()) == docs["documents"]
+    assert splits["valid"]["documents"] == 5 and splits["test"]["documents"] == 5
+    # Each document is one blank-line separated block of the split files.
+    texts = [(wiki_out / ".work" / "split" / f"{n}.txt").read_text(encoding="utf-8") for n in splits]
+    assert sum(len([d for d in t.split("\n\n") if d.strip()]) for t in texts) == docs["documents"]
+
+
+def test_wiki_no_markup_survives(wiki_out):
+    lines = []
+    for path in sorted((wiki_out / ".work" / "split").glob("*.txt")):
+        lines += read_lines(path)
+    assert len(lines) > 5000
+    for line in lines:
+        for token in MARKUP:
+            assert token not in line, (token, line[:300])
+        assert line == normalize_line(line)  # normalised: lower-case, NFKC, clean spaces
+    text = "\n".join(lines)
+    assert "anarchism is a political philosophy" in text
+    assert "thumb|" not in text and "category:" not in text
+
+
+def test_wiki_decoding_train_split_reproduces_text(wiki_out):
+    expected = read_lines(wiki_out / ".work" / "split" / "train0.txt")
+    decoded = decode_split(wiki_out / "train", wiki_out)
+    assert decoded == expected
+    assert decode_split(wiki_out / "valid", wiki_out) == read_lines(wiki_out / ".work" / "split" / "valid.txt")
+
+
+def test_wiki_document_boundaries_for_complete_doc(wiki_out):
+    from fairseq.data import Dictionary, TokenBlockDataset
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    record = json.loads((wiki_out / "preprocess.json").read_text())
+    n_docs = record["splits"]["train0"]["documents"]
+    dictionary = Dictionary.load(str(wiki_out / "dict.txt"))
+    ds = MMapIndexedDataset(str(wiki_out / "train"))
+    # A blank line became the one-token sequence [</s>]: the separator complete_doc needs.
+    separators = [i for i in range(len(ds)) if ds.sizes[i] == 1]
+    assert len(separators) == n_docs - 1
+    assert all(ds[i].tolist() == [dictionary.eos()] for i in separators)
+    blocks = TokenBlockDataset(ds, ds.sizes, 10**8, pad=dictionary.pad(), eos=dictionary.eos(),
+                               break_mode="complete_doc", document_sep_len=1)
+    assert len(blocks) == n_docs  # one block per document when blocks are unbounded
+
+
+def test_wiki_dict_matches_spm_and_record(wiki_out):
+    from fairseq.data import Dictionary
+
+    sp = spm.SentencePieceProcessor(model_file=str(wiki_out / "spm.model"))
+    dictionary = Dictionary.load(str(wiki_out / "dict.txt"))
+    assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, 1, 2, -1)
+    assert len(dictionary) == sp.get_piece_size() + 1  # + <pad>; <mask> comes from the task
+    for i in range(sp.get_piece_size()):
+        assert dictionary.index(sp.id_to_piece(i)) == spm_to_fairseq_id(i), i
+    assert not any("madeupword" in dictionary[i] for i in range(len(dictionary)))
+    record = json.loads((wiki_out / "preprocess.json").read_text())
+    assert record["normalization"]["lowercase"] is True and record["normalization"]["nfkc"] is True
+    assert record["sentencepiece"]["vocab_size"] == 1000
+    assert record["fairseq_dictionary"]["mask_index"] == 1001
+
+
+ID_STRINGS = [
+    "Café naïve résumé Zoë façade",
+    "Digits 0123456789 3.14159 1,000,000 2024-01-01",
+    "Punctuation: ,.;:!?()[]{}<>\"'`~@#$%^&*-_=+/\\|",
+    "Unicode: Ελληνικά русский 中文 日本語 한국어 עברית العربية",
+    "Emoji 🎉🚀 and symbols ∑∫√∞ ☃",
+    "",
+    "</s> <s> <unk> <pad> <mask> look like specials but are text",
+]
+
+
+def test_id_mapping_equals_fairseq_preprocess(wiki_out, tmp_path):
+    """spm ids through spm_to_fairseq_id == what the real fairseq-preprocess CLI wrote."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    from preprocess.binarize import binarize_file
+
+    sp = spm.SentencePieceProcessor(model_file=str(wiki_out / "spm.model"))
+    normalized = [normalize_line(s) for s in ID_STRINGS]
+    encoded = tmp_path / "ids.bpe"
+    encoded.write_text("".join(" ".join(sp.encode(s, out_type=str)) + "\n" for s in normalized),
+                       encoding="utf-8")
+    dest = tmp_path / "fs"
+    proc = subprocess.run(
+        [BIN / "fairseq-preprocess", "--only-source", "--srcdict", wiki_out / "dict.txt",
+         "--trainpref", encoded, "--destdir", dest, "--dataset-impl", "mmap", "--workers", "1"],
+        capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ds = MMapIndexedDataset(str(dest / "train"))
+    assert len(ds) == len(ID_STRINGS)
+    for i, s in enumerate(normalized):
+        expected = [spm_to_fairseq_id(t) for t in sp.encode(s)] + [2]
+        assert ds[i].tolist() == expected, ID_STRINGS[i]
+    assert ds[normalized.index("")].tolist() == [2]  # empty line -> [</s>]
+    assert "0.0% replaced" in proc.stderr + proc.stdout  # nothing became <unk>
+    # Our in-process binarizer writes the same bytes as the CLI.
+    binarize_file(encoded, wiki_out / "dict.txt", tmp_path / "ours", workers=2)
+    assert (tmp_path / "ours.bin").read_bytes() == (dest / "train.bin").read_bytes()
+    assert (tmp_path / "ours.idx").read_bytes() == (dest / "train.idx").read_bytes()
+
+
+def test_fairseq_train_masked_lm_on_wiki(wiki_out):
+    proc = subprocess.run(
+        [BIN / "fairseq-train", wiki_out, "--task", "masked_lm", "--arch", "roberta_base",
+         "--criterion", "masked_lm", "--sample-break-mode", "complete_doc", *TINY_TRAIN],
+        capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "num_updates=3" in proc.stdout + proc.stderr
+
+
+def _seed_plugin_ready():
+    proc = subprocess.run(
+        [BIN / "fairseq-train", "--user-dir", REPO / "seed_fairseq", "--task", "seed_pretrain",
+         "--arch", "seed_encoder_tiny", "--criterion", "seed_pretrain", "--help"],
+        capture_output=True, text=True, cwd=REPO)
+    return proc.returncode == 0
+
+
+def test_fairseq_train_seed_pretrain_on_wiki(wiki_out):
+    if not _seed_plugin_ready():
+        pytest.skip("seed_fairseq plugin (task seed_pretrain, arch seed_encoder_tiny) not available yet")
+    proc = subprocess.run(
+        [BIN / "fairseq-train", wiki_out, "--user-dir", REPO / "seed_fairseq", "--task", "seed_pretrain",
+         "--arch", "seed_encoder_tiny", "--criterion", "seed_pretrain",
+         "--tokens-per-sample", "64", "--max-update", "3", "--batch-size", "4", "--cpu", "--no-save",
+         "--optimizer", "adam", "--lr", "1e-4", "--log-format", "simple", "--log-interval", "1",
+         "--num-workers", "0", "--skip-invalid-size-inputs-valid-test"],
+        capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "num_updates=3" in proc.stdout + proc.stderr
+
+
+# ---- BookCorpus-style and plain-text inputs -------------------------------------------------
+
+
+def test_books_and_text_inputs(tmp_path, books_dir, text_file):
+    out = tmp_path / "out"
+    run_build("--books", books_dir, "--text", text_file, "--out", out, *SMALL, "--keep-work")
+    record = json.loads((out / "preprocess.json").read_text())
+    assert record["documents"]["documents"] == 3 + 40  # one per book + the text's documents
+    assert record["sources"][0]["stats"]["files"] == 3
+    corpus = (out / ".work" / "extract" / "corpus.txt").read_text(encoding="utf-8")
+    docs = corpus.split("\n\n")
+    # Books come first, in sorted path order; blank lines inside a book are dropped.
+    assert docs[0] == ("chapter one\nthe café opened at 9:30, said zoë.\n"
+                       "fullwidth text and fi ligature.")
+    assert docs[1].startswith("it was a dark and stormy night;\nthe rain fell")
+    assert docs[2].startswith("numbers: 3.14159")
+    assert "\r" not in corpus and not corpus.startswith("\n")
+    assert corpus.endswith("\n") and not corpus.endswith("\n\n")
+    for name in ("train", "valid", "test"):
+        assert decode_split(out / name, out) == read_lines(out / ".work" / "split" / f"{name}0.txt"
+                                                           if name == "train" else
+                                                           out / ".work" / "split" / f"{name}.txt")
+
+
+def test_unknown_policy_without_byte_fallback(tmp_path, text_file):
+    """--no-byte-fallback: unseen characters become spm <unk> (0) = fairseq 3."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    out = tmp_path / "out"
+    run_build("--text", text_file, "--out", out, *SMALL, "--no-byte-fallback", "--character-coverage", 1.0,
+              "--vocab-size", 150)
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    ids = sp.encode(normalize_line("alpha ☃ beta"))
+    assert 0 in ids
+    encoded = tmp_path / "unk.bpe"
+    encoded.write_text(" ".join(sp.id_to_piece(i) for i in ids) + "\n", encoding="utf-8")
+    from preprocess.binarize import binarize_file
+
+    binarize_file(encoded, out / "dict.txt", tmp_path / "unk", workers=1)
+    assert MMapIndexedDataset(str(tmp_path / "unk"))[0].tolist() == [spm_to_fairseq_id(i) for i in ids] + [2]
+    assert 3 in [spm_to_fairseq_id(i) for i in ids]
+
+
+def test_shards_layout_and_training(tmp_path, text_file):
+    out = tmp_path / "out"
+    run_build("--text", text_file, "--out", out, *SMALL, "--shards", 2)
+    for k in (0, 1):
+        shard = out / f"shard{k}"
+        assert (shard / "dict.txt").read_bytes() == (out / "dict.txt").read_bytes()
+        assert (shard / "train.bin").exists() and (shard / "train.idx").exists()
+    assert (out / "shard0" / "valid.idx").exists() and not (out / "shard1" / "valid.idx").exists()
+    record = json.loads((out / "preprocess.json").read_text())
+    assert record["splits"]["train0"]["documents"] + record["splits"]["train1"]["documents"] == 36
+    assert abs(record["splits"]["train0"]["documents"] - record["splits"]["train1"]["documents"]) <= 1
+    proc = subprocess.run(
+        [BIN / "fairseq-train", f"{out / 'shard0'}:{out / 'shard1'}", "--task", "masked_lm",
+         "--arch", "roberta_base", "--criterion", "masked_lm", *TINY_TRAIN],
+        capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_synthetic_wiki_cleaning(tmp_path):
+    dump = tmp_path / "wiki.xml.bz2"
+    dump.write_bytes(bz2.compress(mediawiki_xml(SYNTH_PAGES)))
+    out = tmp_path / "out"
+    run_build("--wiki", dump, "--out", out, "--vocab-size", 300, "--workers", 1,
+              "--valid-docs", 1, "--test-docs", 1, "--keep-work")
+    corpus = (out / ".work" / "extract" / "corpus.txt").read_text(encoding="utf-8")
+    docs = corpus.split("\n\n")
+    assert len(docs) == 5  # Gamma is a redirect, Talk:Alpha not an article
+    assert docs[0] == "alpha is a letter.\nit came from the phoenicians."
+    stats = json.loads((out / "preprocess.json").read_text())["sources"][0]["stats"]
+    assert stats == {"kind": "wiki", "pages": 7, "redirects": 1, "non_article_pages": 1, "articles": 5}
+
+
+# ---- resume ---------------------------------------------------------------------------------
+
+
+def test_resume_after_vocab_stage_equals_clean_run(tmp_path, books_dir, text_file):
+    args = ["--books", books_dir, "--text", text_file, *SMALL]
+    clean = tmp_path / "clean"
+    run_build(*args, "--out", clean)
+
+    resumed = tmp_path / "resumed"
+    run_build(*args, "--out", resumed, "--stop-after", "vocab")
+    assert (resumed / ".work" / "vocab.done").exists()
+    assert not (resumed / ".work" / "encode.done").exists()
+    # Nothing half-built looks complete: no record, no binarized data yet.
+    assert not (resumed / "preprocess.json").exists() and not (resumed / "train.bin").exists()
+    # Simulate debris of a kill in the middle of the encode stage.
+    (resumed / ".work" / "bpe").mkdir()
+    (resumed / ".work" / "bpe" / "train0.bpe.tmp").write_text("garbage\n")
+
+    proc = run_build(*args, "--out", resumed)
+    for stage in ("extract", "split", "vocab"):
+        assert f"stage {stage}: already done, skipping" in proc.stderr
+    assert "stage encode: running" in proc.stderr
+    assert files_of(resumed) == files_of(clean)
+
+    again = run_build(*args, "--out", resumed)
+    assert "nothing to do" in again.stderr
+
+
+def test_changed_options_on_unfinished_build_are_refused(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    run_build("--text", text_file, "--out", out, *SMALL, "--stop-after", "split")
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL[:-4],
+                                "--valid-docs", 3, "--test-docs", 2)
+    assert code == 2 and "other inputs or options" in err and "--force" in err
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL[:-4],
+                                "--valid-docs", 3, "--test-docs", 2, "--force")
+    assert code == 0 and (out / "preprocess.json").exists()
+
+
+# ---- bad input: one clear error, exit code 2, nothing complete-looking ---------------------------
+
+
+def _assert_clear_error(code, err, path, *words):
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {path}: "), err
+    for w in words:
+        assert w in last, (w, last)
+    assert "Traceback" not in err
+
+
+def test_truncated_bz2_cli(tmp_path):
+    """Through the real CLI: exit code 2, one line, no traceback, no record left."""
+    data = bz2.compress(mediawiki_xml(SYNTH_PAGES * 20))
+    dump = tmp_path / "cut.xml.bz2"
+    dump.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    proc = run_build("--wiki", dump, "--out", out, *SMALL, check=False)
+    _assert_clear_error(proc.returncode, proc.stderr, dump, "truncated")
+    assert not (out / "preprocess.json").exists() and not (out / ".work" / "extract.done").exists()
+
+
+@pytest.mark.skipif(not WIKI_SAMPLE.exists(), reason="real dump not present")
+def test_truncated_real_dump(tmp_path, capsys):
+    dump = tmp_path / "cut.xml.bz2"
+    dump.write_bytes(WIKI_SAMPLE.read_bytes()[:300_000])
+    code, err = build_inprocess(capsys, "--wiki", dump, "--out", tmp_path / "out", *SMALL)
+    _assert_clear_error(code, err, dump, "truncated .bz2")
+
+
+@pytest.mark.parametrize("content,words", [
+    (b'<?xml version="1.0"?><html><body>hello</body></html>', ["not a MediaWiki XML export", "<html>"]),
+    (b"just some plain text, not XML at all\n", ["not a well-formed MediaWiki XML export"]),
+    (mediawiki_xml(SYNTH_PAGES)[:-200], ["truncated XML"]),
+    (mediawiki_xml(SYNTH_PAGES).replace(b"second letter", b"second \xe9letter"), ["non-UTF-8"]),
+    (b"", ["empty file"]),
+])
+def test_bad_wiki_inputs(tmp_path, capsys, content, words):
+    dump = tmp_path / "dump.xml"
+    dump.write_bytes(content)
+    out = tmp_path / "out"
+    code, err = build_inprocess(capsys, "--wiki", dump, "--out", out, *SMALL)
+    _assert_clear_error(code, err, dump, *words)
+    assert not (out / "preprocess.json").exists()
+
+
+def test_non_utf8_text_error_and_skip_bad(tmp_path, capsys, text_file):
+    bad = tmp_path / "books" / "bad.txt"
+    bad.parent.mkdir()
+    bad.write_bytes(b"a fine first line\nlatin-1 \xe9t\xe9 line\na fine last line\n")
+    out = tmp_path / "out"
+    code, err = build_inprocess(capsys, "--books", bad.parent, "--text", text_file, "--out", out, *SMALL)
+    _assert_clear_error(code, err, bad, "line 2", "not valid UTF-8", "--skip-bad")
+    assert not (out / "preprocess.json").exists()
+
+    code, err = build_inprocess(capsys, "--books", bad.parent, "--text", text_file, "--out", out,
+                                *SMALL, "--skip-bad", "--keep-work", "--force")
+    assert code == 0, err
+    record = json.loads((out / "preprocess.json").read_text())
+    assert record["sources"][0]["stats"]["bad_lines_skipped"] == 1
+    corpus = (out / ".work" / "extract" / "corpus.txt").read_text(encoding="utf-8")
+    assert corpus.startswith("a fine first line\na fine last line\n\n")
+
+
+def test_empty_inputs(tmp_path, capsys):
+    empty_file = tmp_path / "empty.txt"
+    empty_file.write_bytes(b"")
+    code, err = build_inprocess(capsys, "--text", empty_file, "--out", tmp_path / "o1", *SMALL)
+    _assert_clear_error(code, err, empty_file, "empty file")
+
+    empty_dir = tmp_path / "nobooks"
+    empty_dir.mkdir()
+    (empty_dir / "notes.md").write_text("not a book")
+    code, err = build_inprocess(capsys, "--books", empty_dir, "--out", tmp_path / "o2", *SMALL)
+    _assert_clear_error(code, err, empty_dir, "empty directory")
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n \n\t\n")
+    code, err = build_inprocess(capsys, "--text", blank, "--out", tmp_path / "o3", *SMALL)
+    _assert_clear_error(code, err, blank, "no text found")
+
+
+def test_vocab_size_larger_than_data(tmp_path, capsys, text_file):
+    out = tmp_path / "out"
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, "--vocab-size", 50000,
+                                "--workers", 1, "--valid-docs", 2, "--test-docs", 2)
+    _assert_clear_error(code, err, out / ".work" / "vocab" / "spm_sample.txt",
+                        "--vocab-size 50000 is larger than this data supports")
+    assert not (out / ".work" / "vocab.done").exists()
+    assert not (out / "dict.txt").exists() and not (out / "preprocess.json").exists()
+
+
+def test_too_few_documents(tmp_path, capsys, text_file):
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", tmp_path / "out", "--vocab-size", 300,
+                                "--valid-docs", 30, "--test-docs", 10)
+    _assert_clear_error(code, err, text_file, "only 40 documents")
