@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import logging
 import os
+import pickle
 import sys
 import tempfile
 
@@ -116,8 +117,14 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"{checkpoint}: checkpoint not found")
     overrides = {"data": data} if data else None
-    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
-    encoder_state = drop_decoder(state)
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
+    except (KeyError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{checkpoint}: not a readable fairseq checkpoint ({e!r})") from e
+    try:
+        encoder_state = drop_decoder(state)
+    except ValueError as e:
+        raise ValueError(f"{checkpoint}: {e}") from e
 
     models, _ = checkpoint_utils.load_model_ensemble([checkpoint], arg_overrides=overrides)
     full = models[0].eval()

@@ -88,15 +88,20 @@ TINY_MODEL_ARGS = [
 ]
 
 
-def train_cmd(data, save_dir, *extra, max_update=20, tokens_per_sample=64, batch_size=8):
+ADAM = [
+    "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6",
+    "--lr", "1e-3", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "5",
+    "--total-num-update", "200", "--clip-norm", "1.0", "--weight-decay", "0.01",
+]
+
+
+def train_cmd(data, save_dir, *extra, max_update=20, tokens_per_sample=64, batch_size=8, optim=ADAM):
     return [
         cli("fairseq-train"), data, "--user-dir", USER_DIR,
         "--task", "seed_pretrain", "--criterion", "seed_pretrain",
         *TINY_MODEL_ARGS,
         "--tokens-per-sample", str(tokens_per_sample), "--batch-size", str(batch_size),
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6",
-        "--lr", "1e-3", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "5",
-        "--total-num-update", "200", "--clip-norm", "1.0", "--weight-decay", "0.01",
+        *optim,
         "--max-update", str(max_update), "--log-format", "json", "--log-interval", "1",
         "--save-dir", save_dir, "--cpu", "--seed", "3", "--num-workers", "0",
         "--no-epoch-checkpoints", "--disable-validation",

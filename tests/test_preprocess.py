@@ -28,7 +28,7 @@ TINY_TRAIN = [
     "--encoder-attention-heads", "2", "--tokens-per-sample", "64", "--max-positions", "64",
     "--max-update", "3", "--batch-size", "4", "--cpu", "--no-save", "--optimizer", "adam",
     "--lr", "1e-4", "--log-format", "simple", "--log-interval", "1", "--num-workers", "0",
-    "--skip-invalid-size-inputs-valid-test", "--seed", "1",
+    "--skip-invalid-size-inputs-valid-test", "--seed", "1", "--required-batch-size-multiple", "1",
 ]
 
 
@@ -393,9 +393,14 @@ def test_shards_layout_and_training(tmp_path, text_file):
     assert abs(record["splits"]["train0"]["documents"] - record["splits"]["train1"]["documents"]) <= 1
     proc = subprocess.run(
         [BIN / "fairseq-train", f"{out / 'shard0'}:{out / 'shard1'}", "--task", "masked_lm",
-         "--arch", "roberta_base", "--criterion", "masked_lm", *TINY_TRAIN],
+         "--arch", "roberta_base", "--criterion", "masked_lm", *TINY_TRAIN, "--max-epoch", "2",
+         "--max-update", "1000"],
         capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    log = proc.stdout + proc.stderr
+    # Epoch 1 reads shard0's train, epoch 2 shard1's; valid always comes from shard0.
+    assert f"from: {out / 'shard0' / 'train'}" in log and f"from: {out / 'shard1' / 'train'}" in log
+    assert f"from: {out / 'shard0' / 'valid'}" in log
 
 
 def test_synthetic_wiki_cleaning(tmp_path):

@@ -169,9 +169,10 @@ class SeedPretrainTask(MaskedLMTask):
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         epoch_iter = super().get_batch_iterator(dataset, *args, **kwargs)
-        update_freq = self.cfg.update_freq
-        if not isinstance(update_freq, (list, tuple)) or not update_freq:
-            update_freq = [1]  # e.g. the task built outside fairseq-train
+        try:
+            update_freq = [int(u) for u in self.cfg.update_freq]  # a ListConfig in fairseq-train
+        except (TypeError, ValueError):
+            update_freq = [1]  # the task built outside fairseq-train: no interpolation
         return UpdateCountsEpochBatchIterator(
             epoch_iter, update_freq, self.source_dictionary.pad()
         )
