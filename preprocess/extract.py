@@ -5,17 +5,16 @@ between documents, no blank line at the start or end. Inputs are read in the
 order --wiki..., --books..., --text...; documents that normalise to nothing are
 dropped (and counted), never written as empty documents.
 """
-import itertools
-
 from tqdm import tqdm
 
 from . import text as textmod
 from . import wiki
 from .parallel import ordered_imap
 
-# Segments sent to a worker per task: enough to amortise pickling, small
-# enough that a few tasks per worker in flight stay well under 100 MB.
-_SEGMENTS_PER_TASK = 16
+# A task is a batch of segments of about this many characters: big enough to
+# amortise pickling, small enough to balance uneven article sizes across
+# workers and keep the few tasks in flight per worker at a few MB.
+_TASK_CHARS = 64 * 1024
 _MAX_SEGMENT_LINES = 4096
 
 
@@ -53,13 +52,26 @@ def _segments(sources, skip_bad, stats):
             raise ValueError(kind)
 
 
+def _size(segment):
+    kind, _, payload = segment
+    return len(payload) if kind == "wiki" else sum(len(line) for line in payload)
+
+
+def _batches(segments):
+    batch, chars = [], 0
+    for segment in segments:
+        batch.append(segment)
+        chars += _size(segment)
+        if chars >= _TASK_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
 def extract(sources, out_path, options, workers, skip_bad, stats):
     """Write the corpus to ``out_path``; returns {"documents", "lines", "bytes", "empty_documents_dropped"}."""
-    segments = _segments(sources, skip_bad, stats)
-    tasks = (
-        (options, list(batch))
-        for batch in iter(lambda: list(itertools.islice(segments, _SEGMENTS_PER_TASK)), [])
-    )
+    tasks = ((options, batch) for batch in _batches(_segments(sources, skip_bad, stats)))
     docs = lines_written = nbytes = dropped = 0
     doc_has_text = False  # does the document being written have a line yet?
     started = False       # have we seen any segment yet?
