@@ -30,7 +30,9 @@ Each setup runs in its own fresh interpreter (this script with ``--worker``), on
 after the other, with ``torch.set_num_threads(--threads)``.  Steps are fairseq's
 ``Trainer.train_step([sample])`` (forward, backward, gradient-norm, adam update);
 the first ``--warmup`` steps are run but not timed, then ``--steps`` steps are
-timed one by one with ``time.perf_counter``.
+timed one by one with ``time.perf_counter`` (wall clock; the ratio printed last
+is of the medians) and ``time.process_time`` (CPU time of all the worker's
+threads, a cross-check when other processes share the cores).
 
 "Peak memory" is the worker's peak resident set size (``getrusage(RUSAGE_SELF)
 .ru_maxrss``) at the end of the steps, minus its resident set size just before
@@ -183,15 +185,16 @@ def worker(setup, args):
     criterion = task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
 
-    times = []
+    times, cpu_times = [], []
     for step in range(args.warmup + args.steps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         log = trainer.train_step([sample])
-        dt = time.perf_counter() - t
+        dt, dc = time.perf_counter() - t, time.process_time() - c
         if log is None:
             raise RuntimeError(f"{setup}: train_step returned no log (overflow/OOM?)")
         if step >= args.warmup:
             times.append(dt)
+            cpu_times.append(dc)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 
     result = {
@@ -205,6 +208,7 @@ def worker(setup, args):
         "ids": ids,
         "digest": digest,
         "times": times,
+        "cpu_times": cpu_times,
         "peak_rss_kb": peak_kb,
         "rss_before_model_kb": rss_before_model,
         "threads": torch.get_num_threads(),
@@ -282,23 +286,27 @@ def main(argv=None):
     print(f"{args.warmup} warm-up steps excluded, {args.steps} timed steps each")
     print()
     header = f"{'setup':<14} {'arch':<18} {'params':>11} {'median s/step':>14} {'mean s/step':>12} " \
-             f"{'peak mem MiB':>13} {'peak RSS MiB':>13}"
+             f"{'CPU s/step':>11} {'peak mem MiB':>13} {'peak RSS MiB':>13}"
     print(header)
     print("-" * len(header))
     for setup in SETUPS:
         r = results[setup]
         print(f"{setup:<14} {r['arch']:<18} {r['params']:>11,} {statistics.median(r['times']):>14.4f} "
-              f"{statistics.mean(r['times']):>12.4f} "
+              f"{statistics.mean(r['times']):>12.4f} {statistics.median(r['cpu_times']):>11.4f} "
               f"{mib(r['peak_rss_kb'] - r['rss_before_model_kb']):>13.1f} {mib(r['peak_rss_kb']):>13.1f}")
     print()
     for setup in SETUPS:
         print(f"{setup} step times (s): " + " ".join(f"{x:.4f}" for x in results[setup]["times"]))
     print()
+    print("s/step = wall clock per train_step; CPU s/step = median process CPU time per step "
+          "(all threads; less sensitive to other load on the machine)")
     print('peak mem = peak RSS of the setup\'s own process (ru_maxrss) minus its RSS just before the '
           'model was built: parameters, gradients, adam state, activations')
     mem_ratio = (seed["peak_rss_kb"] - seed["rss_before_model_kb"]) / max(
         1, mlm["peak_rss_kb"] - mlm["rss_before_model_kb"])
     print(f"ratio seed_pretrain/masked_lm peak mem: {mem_ratio:.2f}x")
+    print(f"ratio seed_pretrain/masked_lm CPU time per step: "
+          f"{statistics.median(seed['cpu_times']) / statistics.median(mlm['cpu_times']):.2f}x (median)")
     print(f"ratio seed_pretrain/masked_lm mean step time: "
           f"{statistics.mean(seed['times']) / statistics.mean(mlm['times']):.2f}x")
     print(f"ratio seed_pretrain/masked_lm step time: "

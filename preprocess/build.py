@@ -6,10 +6,12 @@
 Stages (each leaves ``OUT/.work/<stage>.done`` when finished; a rerun skips
 finished stages and redoes the first unfinished one and everything after it):
 
-    extract  -> .work/extract/corpus.txt       (normalised documents)
+    extract  -> .work/extract/corpus.txt       (normalised documents, one sentence
+                                                or paragraph per line: --line-unit)
     split    -> .work/split/{train0..,valid,test}.txt
     vocab    -> .work/vocab/{spm.model,spm.vocab,dict.txt}
-    encode   -> .work/bpe/<split>.bpe          (space-separated pieces)
+    encode   -> .work/bpe/<split>.bpe          (space-separated pieces; lines longer
+                                                than --max-line-pieces cut in chunks)
     binarize -> .work/bin/<split>.{bin,idx}    (fairseq mmap)
     finalize -> OUT/... and OUT/preprocess.json, written last: its presence
                 marks a complete folder.
@@ -51,15 +53,22 @@ def _tmp(path):
 
 
 def _versions():
+    from importlib import metadata
+
     import fairseq
     import mwparserfromhell
     import sentencepiece
 
+    try:
+        blingfire = metadata.version("blingfire")
+    except metadata.PackageNotFoundError:
+        blingfire = None
     return {
         "python": platform.python_version(),
         "fairseq": fairseq.__version__,
         "sentencepiece": sentencepiece.__version__,
         "mwparserfromhell": mwparserfromhell.__version__,
+        "blingfire": blingfire,
         "unicodedata": unicodedata.unidata_version,
     }
 
@@ -98,6 +107,10 @@ class Build:
             "byte_fallback": a.byte_fallback, "character_coverage": a.character_coverage,
             "spm_sample_sentences": a.spm_sample_sentences, "valid_docs": a.valid_docs,
             "test_docs": a.test_docs, "shards": a.shards, "seed": a.seed, "skip_bad": a.skip_bad,
+            # What a line is (extract and everything after it) and the piece cap
+            # (encode and after): part of the identity of a build like any other
+            # option, so a build with other values is never resumed or reused.
+            "line_unit": a.line_unit, "max_line_pieces": a.max_line_pieces,
         }
 
     def marker(self, stage):
@@ -181,11 +194,14 @@ class Build:
         corpus = d / "corpus.txt"
         stats = {}
         totals = extract(self.sources, _tmp(corpus),
-                         {"lowercase": self.args.lowercase, "nfkc": self.args.nfkc},
+                         {"lowercase": self.args.lowercase, "nfkc": self.args.nfkc,
+                          "line_unit": self.args.line_unit},
                          self.args.workers, self.args.skip_bad, stats)
         if totals["documents"] == 0:
             raise PreprocessError(", ".join(str(p) for _, p in self.sources),
                                   "no text found in the input (no documents after cleaning)")
+        logger.info("extract: %d documents, %d paragraphs -> %d lines (--line-unit %s)",
+                    totals["documents"], totals["paragraphs"], totals["lines"], self.args.line_unit)
         os.replace(_tmp(corpus), corpus)
         return {"corpus": str(corpus.relative_to(self.out)), "totals": totals, "sources": stats}
 
@@ -241,18 +257,29 @@ class Build:
         model = self.work / "vocab" / "spm.model"
         total = sum(results["split"][name]["lines"] + results["split"][name]["documents"] - 1
                     for name in self.split_names)
+        max_pieces = self.args.max_line_pieces
         counts = {}
         with tqdm(total=total, desc="encode", unit=" lines", disable=None) as bar:
             for name in self.split_names:
                 dst = d / f"{name}.bpe"
                 src = self.work / "split" / f"{name}.txt"
-                if dst.exists():  # finished before an interruption: it was renamed into place
+                stats = d / f"{name}.counts.json"
+                if dst.exists() and stats.exists():  # finished before an interruption
                     logger.info("encode %s: reusing %s", name, dst)
-                    counts[name] = sum(1 for _ in open(dst, "rb"))
-                    bar.update(counts[name])
+                    counts[name] = json.loads(stats.read_text(encoding="utf-8"))
+                    bar.update(counts[name]["input_lines"])
                     continue
-                counts[name] = encode_file(src, _tmp(dst), model, self.args.workers, progress=bar)
+                counts[name] = encode_file(src, _tmp(dst), model, self.args.workers, progress=bar,
+                                           max_pieces=max_pieces)
+                # The counts first: a .bpe in place always has its counts beside it.
+                _write_json_atomic(stats, counts[name])
                 os.replace(_tmp(dst), dst)
+        cut = sum(c["lines_cut"] for c in counts.values())
+        added = sum(c["chunks_added"] for c in counts.values())
+        lines = sum(c["input_lines"] for c in counts.values())
+        if max_pieces:
+            logger.info("encode: %d of %d lines were longer than --max-line-pieces %d pieces and were "
+                        "cut into chunks (%d extra lines)", cut, lines, max_pieces, added)
         return counts
 
     def stage_binarize(self, results):
@@ -301,7 +328,9 @@ class Build:
                 place(self.work / "bin" / f"{name}{ext}", Path(str(prefix) + ext))
         splits = {}
         for name in self.split_names:
+            enc = results["encode"][name]
             splits[name] = dict(results["split"][name], **results["binarize"][name],
+                                lines_cut=enc["lines_cut"], chunks_added=enc["chunks_added"],
                                 path=str(self.final_prefix(name).relative_to(self.out)))
         from . import text as textmod
         from . import vocab as vocabmod
@@ -316,7 +345,21 @@ class Build:
                 "whitespace": "runs of Unicode whitespace -> one space; strip; control characters dropped",
                 "steps": list(textmod.NORMALIZATION_STEPS),
                 "unicodedata_version": unicodedata.unidata_version,
-                "line_unit": "paragraph",
+                "line_unit": a.line_unit,
+            },
+            "lines": {
+                "unit": a.line_unit,
+                "sentence_splitter": (textmod.SENTENCE_SPLITTER + " (cased text, cut only at spaces)"
+                                      if a.line_unit == "sentence" else None),
+                "paragraphs": results["extract"]["totals"]["paragraphs"],
+                "lines": results["extract"]["totals"]["lines"],
+                "paragraphs_kept_whole": results["extract"]["totals"]["paragraphs_kept_whole"],
+                "max_line_pieces": a.max_line_pieces,
+                "lines_cut": sum(s["lines_cut"] for s in splits.values()),
+                "chunks_added": sum(s["chunks_added"] for s in splits.values()),
+                "rule": "sentences of a paragraph joined by one space = the normalised paragraph; "
+                        "a line of more than max_line_pieces pieces is cut into consecutive chunks "
+                        "of at most max_line_pieces pieces, one per line, pieces unchanged (0 = no cut)",
             },
             "sentencepiece": {
                 "model": "spm.model", "model_type": "bpe", "vocab_size": pieces,
@@ -351,6 +394,12 @@ class Build:
         return record
 
 
+def textmod_line_units():
+    from .text import LINE_UNITS
+
+    return LINE_UNITS
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m preprocess.build",
@@ -362,12 +411,22 @@ def parse_args(argv=None):
     g.add_argument("--books", action="append", default=[], metavar="DIR",
                    help="directory of .txt files, one book per file (repeatable)")
     g.add_argument("--text", action="append", default=[], metavar="FILE",
-                   help="text with one paragraph per line, blank line between documents (repeatable)")
+                   help="text with one paragraph (or sentence) per line, blank line between documents "
+                        "(repeatable)")
     p.add_argument("--out", required=True, help="output folder (fairseq data dir)")
     p.add_argument("--vocab-size", type=int, default=32768, help="sentencepiece pieces (default 32768)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    p.add_argument("--line-unit", choices=textmod_line_units(), default="sentence",
+                   help="what one line (one fairseq item) is: 'sentence' (default; paragraphs split "
+                        "by blingfire, as in BERT/RoBERTa/SEED data) or 'paragraph'")
+    p.add_argument("--max-line-pieces", type=int, default=510, metavar="N",
+                   help="cut any line longer than N sentencepiece pieces into consecutive chunks of at "
+                        "most N (nothing is lost), so --sample-break-mode complete never makes an "
+                        "oversized block; default 510 = --tokens-per-sample 512 minus [CLS] and </s>; "
+                        "0 = never cut")
     p.add_argument("--spm-sample-sentences", type=int, default=1_000_000,
-                   help="train lines (paragraphs) sampled for sentencepiece; 0 = all (default 1000000)")
+                   help="train lines (sentences or paragraphs, see --line-unit) sampled for "
+                        "sentencepiece; 0 = all (default 1000000)")
     p.add_argument("--character-coverage", type=float, default=0.9995)
     p.add_argument("--byte-fallback", action=argparse.BooleanOptionalAction, default=True,
                    help="unknown characters become UTF-8 byte pieces (default on); off: they become <unk>")
@@ -390,7 +449,7 @@ def parse_args(argv=None):
     for name in ("vocab_size", "workers", "shards"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("valid_docs", "test_docs", "spm_sample_sentences"):
+    for name in ("valid_docs", "test_docs", "spm_sample_sentences", "max_line_pieces"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     return args

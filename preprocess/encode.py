@@ -3,26 +3,85 @@
 Blank lines (document boundaries) stay blank: fairseq's binarizer turns them
 into a one-token sequence [</s>], which is exactly what TokenBlockDataset's
 ``complete_doc`` mode takes as a document separator (document_sep_len=1).
+
+A line of more than ``max_pieces`` pieces (a run-on "sentence", a table-like
+line) is cut into consecutive chunks of at most ``max_pieces`` pieces, each
+written as a line of its own: with ``--sample-break-mode complete`` a line is
+never split across blocks, so a longer line would make a block longer than
+``--tokens-per-sample`` (dropped in training, an error in validation). The
+chunks are the line's pieces in order, nothing is added or lost: their pieces
+concatenated are the line's pieces (see ``cut_pieces``).
 """
 import itertools
 
 from .parallel import ordered_imap
 from .vocab import load_spm
 
+WORD_START = "\u2581"  # sentencepiece's "▁": the piece starts a new word
+# Byte-fallback pieces <0x80>..<0xBF> continue a multi-byte UTF-8 character.
+_CONTINUATION_BYTES = frozenset(f"<0x{b:02X}>" for b in range(0x80, 0xC0))
+
 _SP = None
+_MAX_PIECES = 0
 
 
-def _init_worker(model_path):
-    global _SP
+def _init_worker(model_path, max_pieces=0):
+    global _SP, _MAX_PIECES
     _SP = load_spm(model_path)
+    _MAX_PIECES = max_pieces
+
+
+def cut_pieces(pieces, max_pieces):
+    """Consecutive chunks of ``pieces``, each at most ``max_pieces`` long (0 = no limit).
+
+    A chunk ends, by preference, right before the last piece starting with
+    "▁" (a word start) in the second half of the window, so words stay whole
+    and every chunk but the first starts a word; failing that, before a piece
+    that is not in the middle of a byte-fallback UTF-8 character; failing
+    that, at exactly ``max_pieces``. ``sum(chunks, []) == pieces`` always.
+    """
+    if max_pieces <= 0 or len(pieces) <= max_pieces:
+        return [pieces]
+    chunks = []
+    start = 0
+    while len(pieces) - start > max_pieces:
+        limit = start + max_pieces  # the chunk is pieces[start:cut], start < cut <= limit
+        lowest = start + max(1, (max_pieces + 1) // 2)
+        cut = None
+        for j in range(limit, lowest - 1, -1):
+            if pieces[j].startswith(WORD_START):
+                cut = j
+                break
+        if cut is None:
+            for j in range(limit, start, -1):
+                if pieces[j] not in _CONTINUATION_BYTES:
+                    cut = j
+                    break
+        if cut is None:
+            cut = limit
+        chunks.append(pieces[start:cut])
+        start = cut
+    chunks.append(pieces[start:])
+    return chunks
 
 
 def encode_lines(lines):
-    """Pieces for each line; '' stays ''. Runs in a worker (uses the worker's model)."""
+    """(encoded lines, input lines, lines cut) for a chunk of lines; '' stays ''.
+
+    Runs in a worker (uses the worker's model and max_pieces); a line cut into
+    k chunks gives k output lines.
+    """
     out = []
+    cut = 0
     for line in lines:
-        out.append(" ".join(_SP.encode(line, out_type=str)) if line else "")
-    return out
+        if not line:
+            out.append("")
+            continue
+        chunks = cut_pieces(_SP.encode(line, out_type=str), _MAX_PIECES)
+        if len(chunks) > 1:
+            cut += 1
+        out.extend(" ".join(chunk) for chunk in chunks)
+    return out, len(lines), cut
 
 
 def _chunks(path, chunk_lines):
@@ -34,16 +93,22 @@ def _chunks(path, chunk_lines):
             yield chunk
 
 
-def encode_file(src, dst, model_path, workers, chunk_lines=2000, progress=None):
-    """Encode ``src`` into ``dst`` (the caller renames it into place). Returns line count."""
-    n = 0
+def encode_file(src, dst, model_path, workers, chunk_lines=2000, progress=None, max_pieces=0):
+    """Encode ``src`` into ``dst`` (the caller renames it into place).
+
+    Returns {"input_lines", "lines" (written), "lines_cut", "chunks_added"};
+    ``lines == input_lines + chunks_added``.
+    """
+    n_in = n_out = n_cut = 0
     with open(dst, "w", encoding="utf-8", newline="\n") as out:
-        for encoded in ordered_imap(
+        for encoded, n_lines, cut in ordered_imap(
             encode_lines, _chunks(src, chunk_lines), workers,
-            initializer=_init_worker, initargs=(str(model_path),),
+            initializer=_init_worker, initargs=(str(model_path), max_pieces),
         ):
             out.writelines(line + "\n" for line in encoded)
-            n += len(encoded)
+            n_in += n_lines
+            n_out += len(encoded)
+            n_cut += cut
             if progress is not None:
-                progress.update(len(encoded))
-    return n
+                progress.update(n_lines)
+    return {"input_lines": n_in, "lines": n_out, "lines_cut": n_cut, "chunks_added": n_out - n_in}

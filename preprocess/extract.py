@@ -1,7 +1,10 @@
 """Extract stage: every input -> one normalised corpus file.
 
-Output format (fairseq's convention): one paragraph per line, one blank line
-between documents, no blank line at the start or end. Inputs are read in the
+Output format (fairseq's convention): one sentence (``--line-unit sentence``,
+the default) or one paragraph (``--line-unit paragraph``) per line, one blank
+line between documents, no blank line at the start or end. A paragraph is a
+cleaned wiki line, a non-blank line of a book or a line of a --text corpus;
+its sentences joined by one space give back the normalised paragraph. Inputs are read in the
 order --wiki..., --books..., --text...; documents that normalise to nothing are
 dropped (and counted), never written as empty documents.
 """
@@ -19,18 +22,23 @@ _MAX_SEGMENT_LINES = 4096
 
 
 def _process_task(task):
-    """Worker: [(kind, starts_doc, payload)] -> [(starts_doc, normalised lines)]."""
+    """Worker: [(kind, starts_doc, payload)] -> ([(starts_doc, normalised lines)], counters)."""
     options, segments = task
+    line_unit = options.get("line_unit", "sentence")
     out = []
+    paragraphs = kept_whole = 0
     for kind, starts_doc, payload in segments:
         raw_lines = wiki.clean_wikitext(payload) if kind == "wiki" else payload
         lines = []
         for raw in raw_lines:
-            norm = textmod.normalize_line(raw, lowercase=options["lowercase"], nfkc=options["nfkc"])
-            if norm:
-                lines.append(norm)
+            para, whole = textmod.paragraph_lines(raw, lowercase=options["lowercase"], nfkc=options["nfkc"],
+                                                  line_unit=line_unit)
+            if para:
+                paragraphs += 1
+                kept_whole += whole
+                lines.extend(para)
         out.append((starts_doc, lines))
-    return out
+    return out, {"paragraphs": paragraphs, "paragraphs_kept_whole": kept_whole}
 
 
 def _segments(sources, skip_bad, stats):
@@ -70,14 +78,22 @@ def _batches(segments):
 
 
 def extract(sources, out_path, options, workers, skip_bad, stats):
-    """Write the corpus to ``out_path``; returns {"documents", "lines", "bytes", "empty_documents_dropped"}."""
+    """Write the corpus to ``out_path``.
+
+    ``options``: {"lowercase", "nfkc", "line_unit"} ("line_unit" defaults to
+    "sentence"). Returns {"documents", "paragraphs", "lines", "bytes",
+    "empty_documents_dropped", "paragraphs_kept_whole"}.
+    """
     tasks = ((options, batch) for batch in _batches(_segments(sources, skip_bad, stats)))
     docs = lines_written = nbytes = dropped = 0
+    counters = {"paragraphs": 0, "paragraphs_kept_whole": 0}
     doc_has_text = False  # does the document being written have a line yet?
     started = False       # have we seen any segment yet?
     with open(out_path, "w", encoding="utf-8", newline="\n") as out, \
             tqdm(desc="extract", unit=" docs", disable=None) as bar:
-        for results in ordered_imap(_process_task, tasks, workers):
+        for results, task_counters in ordered_imap(_process_task, tasks, workers):
+            for k, v in task_counters.items():
+                counters[k] += v
             for starts_doc, lines in results:
                 if starts_doc:
                     if started and not doc_has_text:
@@ -98,5 +114,6 @@ def extract(sources, out_path, options, workers, skip_bad, stats):
                     lines_written += 1
         if started and not doc_has_text:
             dropped += 1
-    return {"documents": docs, "lines": lines_written, "bytes": nbytes,
-            "empty_documents_dropped": dropped}
+    return {"documents": docs, "paragraphs": counters["paragraphs"], "lines": lines_written,
+            "bytes": nbytes, "empty_documents_dropped": dropped,
+            "paragraphs_kept_whole": counters["paragraphs_kept_whole"]}

@@ -45,6 +45,94 @@ def normalize_line(line, lowercase=True, nfkc=True):
     return _WHITESPACE.sub(" ", line).strip()
 
 
+LINE_UNITS = ("sentence", "paragraph")
+SENTENCE_SPLITTER = "blingfire.text_to_sentences"
+
+
+def _blingfire():
+    try:
+        import blingfire
+    except ImportError:  # pragma: no cover - blingfire is a dependency of preprocess/
+        raise PreprocessError("blingfire", "not installed: pip install blingfire "
+                                           "(needed by --line-unit sentence)") from None
+    return blingfire
+
+
+def split_sentences(text):
+    """Split one whitespace-normalised paragraph into sentences, cutting only at its spaces.
+
+    The splitter is blingfire's ``text_to_sentences`` (Microsoft Bling Fire): a
+    maintained C++ library with prebuilt wheels, deterministic (no model
+    download, no randomness), fast enough for a whole Wikipedia dump (tens of
+    MB/s, negligible beside wikitext parsing), and good on the abbreviations,
+    initials, decimals and quotes of encyclopedic English. It is given the
+    cased text (its rules use capitalisation; on lower-cased text it misses
+    many boundaries).
+
+    blingfire answers with the text, one sentence per line. That answer is
+    aligned back onto ``text`` and a boundary is kept only where ``text`` has a
+    space, which is dropped; so ``" ".join(split_sentences(text)) == text``
+    always holds. Boundaries without a space (e.g. after a CJK full stop) are
+    not cut; if the splitter ever changes other characters, the paragraph
+    stays whole.
+    """
+    out = _blingfire().text_to_sentences(text)
+    if "\n" not in out:
+        return [text] if text else []
+    if out.replace("\n", " ") == text:  # the usual case: each boundary replaced one space
+        return out.split("\n")
+    cuts = []
+    i = 0
+    for ch in out:
+        if ch == "\n":
+            if i < len(text) and text[i] == " ":
+                cuts.append(i)
+                i += 1
+            elif i > 0 and text[i - 1] == " ":
+                cuts.append(i - 1)
+            continue
+        if i >= len(text) or text[i] != ch:
+            return [text]
+        i += 1
+    if i != len(text):
+        return [text]
+    sentences, start = [], 0
+    for cut in sorted(set(cuts)):
+        if cut > start:
+            sentences.append(text[start:cut])
+        start = cut + 1
+    if start < len(text):
+        sentences.append(text[start:])
+    return sentences
+
+
+def paragraph_lines(raw, lowercase=True, nfkc=True, line_unit="sentence"):
+    """One raw paragraph -> its output lines; returns (lines, kept_whole).
+
+    ``paragraph``: ``[normalize_line(raw)]`` (nothing if it is empty).
+    ``sentence``: the cased, normalised paragraph is split by
+    ``split_sentences`` and each sentence then normalised (lower-cased) on its
+    own. Invariant, in both modes: ``" ".join(lines) == normalize_line(raw)``.
+    In the (rare) case where normalising the sentences one by one would break
+    it, the paragraph is kept as one line and ``kept_whole`` is True.
+    """
+    norm = normalize_line(raw, lowercase=lowercase, nfkc=nfkc)
+    if not norm:
+        return [], False
+    if line_unit == "paragraph":
+        return [norm], False
+    if line_unit != "sentence":
+        raise ValueError(line_unit)
+    if not lowercase:
+        return split_sentences(norm), False
+    cased = normalize_line(raw, lowercase=False, nfkc=nfkc)
+    lines = [normalize_line(s, lowercase=lowercase, nfkc=nfkc) for s in split_sentences(cased)]
+    lines = [line for line in lines if line]
+    if " ".join(lines) != norm:
+        return [norm], True
+    return lines, False
+
+
 def decode_lines(path, skip_bad, stats):
     """Yield (line_number, text) of a UTF-8 file, streaming, '\\n' as the only line end.
 

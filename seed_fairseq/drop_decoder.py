@@ -31,16 +31,16 @@ DECODER_PREFIX = "weak_decoder."
 MODEL_KEYS_ONLY_FOR_DECODER = ("decoder_",)
 
 
-def _plain(cfg):
+def plain_config(cfg):
     """Config -> plain dicts/lists (fairseq keeps argparse models' config as a Namespace)."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     if isinstance(cfg, argparse.Namespace):
         cfg = vars(cfg)
     if isinstance(cfg, dict):
-        return {k: _plain(v) for k, v in cfg.items()}
+        return {k: plain_config(v) for k, v in cfg.items()}
     if isinstance(cfg, (list, tuple)):
-        return [_plain(v) for v in cfg]
+        return [plain_config(v) for v in cfg]
     return copy.deepcopy(cfg)
 
 
@@ -52,7 +52,7 @@ def drop_decoder(state: dict) -> dict:
 
     from . import models  # noqa: F401  (registers the seed_encoder archs)
 
-    cfg = _plain(state.get("cfg"))
+    cfg = plain_config(state.get("cfg"))
     if not cfg or "model" not in cfg:
         raise ValueError("not a fairseq checkpoint with a config (no 'cfg' entry)")
     model_cfg = dict(cfg["model"])

@@ -1,0 +1,42 @@
+#!/usr/bin/env python
+"""Export a seed_pretrain checkpoint to a HuggingFace transformers folder.
+
+    python examples/export_to_hf.py --checkpoint checkpoints/checkpoint_best.pt \
+        --data data-bin --out seed-encoder-hf [--mlm-head] [--force]
+
+``--data`` is the folder written by ``python -m preprocess.build`` (dict.txt,
+spm.model, preprocess.json).  The output loads offline with
+``AutoModel``/``AutoTokenizer``/``SentenceTransformer`` and was checked equal to
+fairseq (token ids, and outputs to --atol) before it was written.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from seed_fairseq.hf.export import ExportError, export  # noqa: E402
+
+
+def main(argv=None):
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="seed_pretrain checkpoint or encoder-only checkpoint")
+    p.add_argument("--data", required=True, help="folder with dict.txt, spm.model and preprocess.json")
+    p.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
+    p.add_argument("--mlm-head", action="store_true", help="export XLMRobertaForMaskedLM with the MLM head")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--atol", type=float, default=1e-5, help="max abs difference allowed vs fairseq (fp32)")
+    args = p.parse_args(argv)
+    try:
+        export(args.checkpoint, args.data, args.out, force=args.force, with_lm_head=args.mlm_head, atol=args.atol)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Retrieval data: BEIR folders and MS MARCO passage TSVs.
+
+BEIR (https://github.com/beir-cellar/beir) folder::
+
+    corpus.jsonl        {"_id": "d1", "title": "...", "text": "..."}   (title optional)
+    queries.jsonl       {"_id": "q1", "text": "..."}
+    qrels/{split}.tsv   query-id <TAB> corpus-id <TAB> score   (header line optional)
+
+MS MARCO passage folder (https://microsoft.github.io/msmarco/)::
+
+    collection.tsv          pid <TAB> passage
+    queries.{split}.tsv     qid <TAB> query          (split: train, dev, dev.small, eval, ...)
+    qrels.{split}.tsv       qid <TAB> 0 <TAB> pid <TAB> relevance   (TREC qrels; whitespace also accepted)
+
+Every malformed line raises :class:`DataFormatError`, whose message starts with
+``FILE:LINE:`` so that a user can open the file at the offending line.
+"""
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+
+class DataFormatError(ValueError):
+    """A malformed input line; ``str()`` is ``FILE:LINE: problem``."""
+
+    def __init__(self, path, line: Optional[int], problem: str):
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass
+class RetrievalData:
+    """One split of a retrieval collection; ids are strings, as in the files."""
+
+    corpus: Dict[str, str]
+    queries: Dict[str, str]
+    qrels: Dict[str, Dict[str, int]]
+    name: str = ""
+    split: str = ""
+    # qrels whose document is missing from the corpus: kept in ``qrels`` (they
+    # count against recall, as in trec_eval) but unusable as training positives
+    missing_docs: int = 0
+
+    def positives(self, qid: str) -> List[str]:
+        return [d for d, r in self.qrels.get(qid, {}).items() if r > 0 and d in self.corpus]
+
+    def query_ids(self) -> List[str]:
+        """Queries with at least one relevant document, in file order."""
+        return [q for q in self.queries if any(r > 0 for r in self.qrels.get(q, {}).values())]
+
+    def subset(self, qids: Sequence[str]) -> "RetrievalData":
+        keep = set(qids)
+        return RetrievalData(
+            corpus=self.corpus,
+            queries={q: t for q, t in self.queries.items() if q in keep},
+            qrels={q: r for q, r in self.qrels.items() if q in keep},
+            name=self.name, split=self.split, missing_docs=self.missing_docs,
+        )
+
+
+def _lines(path: Path) -> Iterator[Tuple[int, str]]:
+    """(line number, text without newline), skipping blank lines.
+
+    Lines are decoded one by one so that bad UTF-8 is reported with its line.
+    """
+    if not path.is_file():
+        raise DataFormatError(path, None, "file not found")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataFormatError(path, lineno, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            line = line.rstrip("\r\n")
+            if lineno == 1 and line.startswith("\ufeff"):
+                line = line[1:]
+            if line.strip():
+                yield lineno, line
+
+
+def _put(table: Dict[str, str], seen: Dict[str, int], key: str, value: str, path: Path, lineno: int, what: str):
+    if key in seen:
+        raise DataFormatError(path, lineno, f"duplicate {what} id {key!r} (first on line {seen[key]})")
+    seen[key] = lineno
+    table[key] = value
+
+
+def _read_jsonl(path: Path, what: str, text_fields: Sequence[str]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    seen: Dict[str, int] = {}
+    for lineno, line in _lines(path):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataFormatError(path, lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+        if "_id" not in obj:
+            raise DataFormatError(path, lineno, "missing field '_id'")
+        if "text" not in obj:
+            raise DataFormatError(path, lineno, "missing field 'text'")
+        parts = []
+        for name in text_fields:
+            value = obj.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise DataFormatError(path, lineno, f"field {name!r} must be a string, got {type(value).__name__}")
+            if value.strip():
+                parts.append(value.strip())
+        _put(out, seen, str(obj["_id"]), " ".join(parts), path, lineno, what)
+    return out
+
+
+def _read_tsv2(path: Path, what: str) -> Dict[str, str]:
+    """``id <TAB> text`` files (MS MARCO collection and queries)."""
+    out: Dict[str, str] = {}
+    seen: Dict[str, int] = {}
+    for lineno, line in _lines(path):
+        cols = line.split("\t", 1)
+        if len(cols) != 2:
+            raise DataFormatError(path, lineno, f"expected 2 tab-separated columns ({what} id, text), found 1")
+        key = cols[0].strip()
+        if not key:
+            raise DataFormatError(path, lineno, f"empty {what} id")
+        _put(out, seen, key, cols[1].strip(), path, lineno, what)
+    return out
+
+
+def _read_qrels(path: Path) -> Tuple[Dict[str, Dict[str, int]], Dict[str, int]]:
+    """BEIR (3 columns, optional header) or TREC (4 columns) qrels.
+
+    Returns the qrels and, for error messages, the first line of each query.
+    """
+    qrels: Dict[str, Dict[str, int]] = {}
+    first_line: Dict[str, int] = {}
+    for lineno, line in _lines(path):
+        cols = line.split("\t") if "\t" in line else line.split()
+        cols = [c.strip() for c in cols]
+        if len(cols) == 3:
+            qid, did, rel = cols
+        elif len(cols) == 4:
+            qid, _, did, rel = cols
+        else:
+            raise DataFormatError(
+                path, lineno,
+                f"expected 3 columns (query-id, corpus-id, score) or 4 (qid, 0, docid, rel), found {len(cols)}",
+            )
+        if lineno == 1 and not _is_int(rel):
+            continue  # BEIR header "query-id corpus-id score"
+        if not _is_int(rel):
+            raise DataFormatError(path, lineno, f"relevance {rel!r} is not an integer")
+        if not qid or not did:
+            raise DataFormatError(path, lineno, "empty query or document id")
+        qrels.setdefault(qid, {})[did] = int(rel)
+        first_line.setdefault(qid, lineno)
+    return qrels, first_line
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _join(corpus, queries, qrels, first_line, qrels_path, name, split) -> RetrievalData:
+    for qid in qrels:
+        if qid not in queries:
+            raise DataFormatError(qrels_path, first_line[qid], f"query id {qid!r} is not in the queries file")
+    missing = sum(1 for rels in qrels.values() for d in rels if d not in corpus)
+    if missing:
+        print(f"warning: {qrels_path}: {missing} judged documents are not in the corpus "
+              "(kept for the metrics, skipped as training positives)", file=sys.stderr)
+    # only judged queries: BEIR keeps every split's queries in one file
+    queries = {q: t for q, t in queries.items() if q in qrels}
+    return RetrievalData(corpus, queries, qrels, name=name, split=split, missing_docs=missing)
+
+
+def load_beir(folder, split: str) -> RetrievalData:
+    folder = Path(folder)
+    corpus = _read_jsonl(folder / "corpus.jsonl", "document", ("title", "text"))
+    queries = _read_jsonl(folder / "queries.jsonl", "query", ("text",))
+    qrels_path = folder / "qrels" / f"{split}.tsv"
+    qrels, first_line = _read_qrels(qrels_path)
+    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split)
+
+
+def load_msmarco(folder, split: str) -> RetrievalData:
+    folder = Path(folder)
+    corpus = _read_tsv2(folder / "collection.tsv", "passage")
+    queries = _read_tsv2(folder / f"queries.{split}.tsv", "query")
+    qrels_path = folder / f"qrels.{split}.tsv"
+    qrels, first_line = _read_qrels(qrels_path)
+    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split)
+
+
+def detect_format(folder) -> str:
+    folder = Path(folder)
+    if (folder / "corpus.jsonl").is_file():
+        return "beir"
+    if (folder / "collection.tsv").is_file():
+        return "msmarco"
+    raise DataFormatError(folder, None, "neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv)")
+
+
+def load_data(folder, split: str) -> RetrievalData:
+    """Load one split of a BEIR or MS MARCO folder (format detected from its files)."""
+    return load_beir(folder, split) if detect_format(folder) == "beir" else load_msmarco(folder, split)
+
+
+def write_beir(folder, corpus: Dict[str, str], queries: Dict[str, str],
+               qrels_by_split: Dict[str, Dict[str, Dict[str, int]]],
+               titles: Optional[Dict[str, str]] = None) -> Path:
+    """Write a BEIR folder (used for the retrieval set derived from raw text)."""
+    folder = Path(folder)
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for did, text in corpus.items():
+            obj = {"_id": did, "title": (titles or {}).get(did, ""), "text": text}
+            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    with open(folder / "queries.jsonl", "w", encoding="utf-8") as f:
+        for qid, text in queries.items():
+            f.write(json.dumps({"_id": qid, "text": text}, ensure_ascii=False) + "\n")
+    for split, qrels in qrels_by_split.items():
+        with open(folder / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
+            f.write("query-id\tcorpus-id\tscore\n")
+            for qid, rels in qrels.items():
+                for did, rel in rels.items():
+                    f.write(f"{qid}\t{did}\t{rel}\n")
+    return folder
+
+
+def subsample(ids: Sequence[str], fraction: float, seed: int) -> List[str]:
+    """A deterministic fraction of ``ids`` (at least one), independent of their order.
+
+    Sorting first makes the subset depend only on the set of ids and the seed,
+    so few-shot runs of different models see exactly the same labels; nested
+    fractions share a prefix of the same permutation (10% is inside 20%).
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    ordered = sorted(ids)
+    random.Random(seed).shuffle(ordered)
+    keep = set(ordered[: max(1, math.ceil(fraction * len(ordered)))])
+    return [i for i in ids if i in keep]
+
+
+# ---------------------------------------------------------------------------
+# A retrieval set derived from raw text (used by examples/reproduce_small.py)
+# ---------------------------------------------------------------------------
+
+def split_sentences(paragraph: str) -> List[str]:
+    import re
+
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", paragraph.strip()) if s.strip()]
+
+
+@dataclass
+class DerivedSetStats:
+    documents: int = 0
+    passages: int = 0
+    queries: Dict[str, int] = field(default_factory=dict)
+
+
+def derive_retrieval_set(text_file, out_dir, seed: int = 1, dev_fraction: float = 0.15,
+                         test_fraction: float = 0.35, min_sentences: int = 3) -> DerivedSetStats:
+    """Sentence -> source-paragraph retrieval from a fairseq-style text file.
+
+    Input: one paragraph per line, documents separated by blank lines.
+    Corpus: every paragraph is a passage.  For every paragraph with at least
+    ``min_sentences`` sentences, one sentence (chosen with ``seed``) becomes a
+    query and is *removed* from its passage, so the query has to be matched by
+    meaning and shared vocabulary, not by finding itself.  Queries are split by
+    *document*, so no test query comes from an article seen in fine-tuning;
+    other paragraphs of the same article stay in the corpus as hard negatives.
+    """
+    text = Path(text_file).read_text(encoding="utf-8")
+    docs = [[p.strip() for p in d.splitlines() if p.strip()] for d in text.split("\n\n") if d.strip()]
+    rng = random.Random(seed)
+    order = list(range(len(docs)))
+    rng.shuffle(order)
+    n_test = max(1, round(test_fraction * len(docs)))
+    n_dev = max(1, round(dev_fraction * len(docs)))
+    split_of = {}
+    for rank, d in enumerate(order):
+        split_of[d] = "test" if rank < n_test else "dev" if rank < n_test + n_dev else "train"
+
+    corpus: Dict[str, str] = {}
+    queries: Dict[str, str] = {}
+    qrels: Dict[str, Dict[str, Dict[str, int]]] = {"train": {}, "dev": {}, "test": {}}
+    for d, paragraphs in enumerate(docs):
+        for p, para in enumerate(paragraphs):
+            pid = f"d{d}p{p}"
+            sents = split_sentences(para)
+            if len(sents) >= min_sentences:
+                k = rng.randrange(len(sents))
+                qid = f"q{d}p{p}"
+                queries[qid] = sents[k]
+                qrels[split_of[d]][qid] = {pid: 1}
+                sents = sents[:k] + sents[k + 1:]
+            corpus[pid] = " ".join(sents)
+    write_beir(out_dir, corpus, queries, qrels)
+    return DerivedSetStats(documents=len(docs), passages=len(corpus),
+                           queries={s: len(q) for s, q in qrels.items()})

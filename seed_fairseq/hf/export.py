@@ -1,0 +1,275 @@
+"""Export a seed_pretrain (or encoder-only) checkpoint to HuggingFace transformers.
+
+The encoder maps exactly onto ``XLMRobertaModel`` (RoBERTa architecture:
+learned positions with fairseq's padding offset, embedding LayerNorm, post-LN,
+no segments); the tokenizer reproduces pre-training's normalisation and ids.
+Everything is checked numerically against fairseq BEFORE the output folder
+appears: the folder is assembled under a temporary name, reloaded with
+``AutoModel``/``AutoTokenizer``/``SentenceTransformer``, compared again, and
+only then renamed into place.
+"""
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..drop_decoder import plain_config
+from .keymap import fairseq_to_hf
+from .tokenizer import build_tokenizer, fairseq_encode
+
+logger = logging.getLogger("seed_fairseq.hf")
+
+# Edge cases every export is checked on, besides real text from the data.
+CHECK_STRINGS = [
+    "Café au lait in Zürich costs 4.50 CHF — naïve prices!",
+    "UPPER CASE and MiXeD CaSe",
+    "digits 0123456789 and 3.14159, 1e-6",
+    "unicode: ﬁ ℌ İstanbul 北京 Ωμέγα 🙂 \u2028 tabs\tand  spaces",
+    "",
+]
+
+
+class ExportError(ValueError):
+    pass
+
+
+def _architecture_problems(m):
+    """Why an encoder config has no exact XLMRobertaModel equivalent ([] if it has one)."""
+    want = {
+        "encoder_normalize_before": False,  # HF RoBERTa is post-LN
+        "layernorm_embedding": True,
+        "no_scale_embedding": True,
+        "encoder_learned_pos": True,
+        "no_token_positional_embeddings": False,
+        "untie_weights_roberta": False,
+        "adaptive_input": False,
+    }
+    problems = [f"{k}={m.get(k)!r} (HF RoBERTa needs {v!r})" for k, v in want.items() if m.get(k, v) != v]
+    if m.get("activation_fn", "gelu") not in ACTIVATIONS:
+        problems.append(f"activation_fn={m.get('activation_fn')!r} (supported: {sorted(ACTIVATIONS)})")
+    if m.get("encoder_layers_to_keep"):
+        problems.append("encoder_layers_to_keep is set (prune the checkpoint first)")
+    for k in ("quant_noise_pq", "quant_noise_scalar"):
+        if m.get(k, 0):
+            problems.append(f"{k}={m.get(k)} (quantisation noise)")
+    return problems
+
+
+# fairseq activation -> HF hidden_act computing the same function
+ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_accurate": "gelu_new", "tanh": "tanh"}
+
+
+def load_inputs(checkpoint, data):
+    """Checkpoint, its model config, the data's dictionary/spm/normalisation record."""
+    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
+    from fairseq import checkpoint_utils
+    from fairseq.data import Dictionary
+
+    checkpoint, data = Path(checkpoint), Path(data)
+    if not checkpoint.is_file():
+        raise ExportError(f"{checkpoint}: checkpoint not found")
+    for name in ("dict.txt", "spm.model", "preprocess.json"):
+        if not (data / name).is_file():
+            raise ExportError(
+                f"{data / name}: not found; --data must be the folder written by python -m preprocess.build"
+            )
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), arg_overrides={"data": str(data)})
+    except Exception as e:  # fairseq raises many kinds on a foreign file
+        raise ExportError(f"{checkpoint}: not a readable fairseq checkpoint ({e!r})") from e
+    cfg = plain_config(state.get("cfg") or {})
+    model_cfg = cfg.get("model") or {}
+    name = model_cfg.get("_name") or model_cfg.get("arch")
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    family = ARCH_MODEL_NAME_REGISTRY.get(name, name)
+    if family not in ("seed_encoder", "roberta"):
+        raise ExportError(f"{checkpoint}: model {name!r} is not a seed_encoder/roberta encoder")
+    problems = _architecture_problems(model_cfg)
+    if problems:
+        raise ExportError(
+            f"{checkpoint}: arch {name!r} has no exact HuggingFace equivalent: " + "; ".join(problems)
+        )
+
+    dictionary = Dictionary.load(str(data / "dict.txt"))
+    dictionary.add_symbol("<mask>")
+    rows = state["model"]["encoder.sentence_encoder.embed_tokens.weight"].size(0)
+    if rows != len(dictionary):
+        raise ExportError(
+            f"{data / 'dict.txt'}: gives {len(dictionary)} symbols (with specials and <mask>) but the "
+            f"checkpoint's embedding has {rows} rows: not the data this model was trained on"
+        )
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    expected = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]
+    if dictionary.symbols[4 : 4 + len(expected)] != expected or len(dictionary) != len(expected) + 5:
+        raise ExportError(
+            f"{data / 'spm.model'}: its pieces do not match {data / 'dict.txt'} under the XLM-R id rule "
+            f"(spm has {sp.get_piece_size()} pieces, the dictionary {len(dictionary)} symbols)"
+        )
+    record = json.loads((data / "preprocess.json").read_text())["normalization"]
+    return state, cfg, model_cfg, dictionary, sp, record
+
+
+def hf_config(model_cfg, vocab_size, with_lm_head):
+    from transformers import XLMRobertaConfig
+
+    return XLMRobertaConfig(
+        vocab_size=vocab_size,
+        hidden_size=model_cfg["encoder_embed_dim"],
+        num_hidden_layers=model_cfg["encoder_layers"],
+        num_attention_heads=model_cfg["encoder_attention_heads"],
+        intermediate_size=model_cfg["encoder_ffn_embed_dim"],
+        hidden_act=ACTIVATIONS[model_cfg.get("activation_fn", "gelu")],
+        hidden_dropout_prob=model_cfg.get("dropout", 0.1),
+        attention_probs_dropout_prob=model_cfg.get("attention_dropout", 0.1),
+        # fairseq's learned positions start after the padding index (1)
+        max_position_embeddings=model_cfg["max_positions"] + 2,
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        architectures=["XLMRobertaForMaskedLM" if with_lm_head else "XLMRobertaModel"],
+    )
+
+
+def _check_texts(sp, data, n=24):
+    """Real text: the first lines of the data's valid split, decoded, plus edge cases."""
+    from fairseq.data import data_utils
+
+    texts = list(CHECK_STRINGS)
+    valid = data_utils.load_indexed_dataset(str(Path(data) / "valid"), None)
+    if valid is not None:
+        from preprocess.vocab import fairseq_to_spm_id
+
+        for i in range(min(n, len(valid))):
+            ids = [fairseq_to_spm_id(int(t)) for t in valid[i] if int(t) > 3]
+            if ids:
+                texts.append(sp.decode(ids))
+    # longer than the model: exercises truncation
+    texts.append(" ".join(texts) * 8)
+    return texts
+
+
+def _max_abs_diff(a, b, mask):
+    return (a - b).abs()[mask.bool()].max().item()
+
+
+def verify(fairseq_model, hf_model, tokenizer, sp, dictionary, record, texts, max_len, atol, with_lm_head):
+    """Token ids and outputs of fairseq vs HF on the same strings; raises ExportError."""
+    for text in texts:
+        ref = fairseq_encode(text, sp, dictionary, record, max_length=max_len)
+        got = tokenizer(text, truncation=True, max_length=max_len)["input_ids"]
+        if ref != got:
+            raise ExportError(f"tokenizer ids differ from fairseq's for {text[:60]!r}: {got[:12]} vs {ref[:12]}")
+    batch = tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        fs_features, _ = fairseq_model(batch["input_ids"], features_only=True)
+        hf_out = hf_model(**batch, output_hidden_states=True)
+        hf_features = hf_out.hidden_states[-1]
+        diff = _max_abs_diff(fs_features, hf_features, batch["attention_mask"])
+        if with_lm_head:
+            fs_logits, _ = fairseq_model(batch["input_ids"])
+            diff = max(diff, _max_abs_diff(fs_logits, hf_out.logits, batch["attention_mask"]))
+    if not diff <= atol:
+        raise ExportError(f"HF outputs differ from fairseq's: max abs diff {diff:.3g} > {atol:g}")
+    return diff
+
+
+def model_card(cfg, model_cfg, state, record, diff, with_lm_head):
+    t, o = cfg.get("task", {}), cfg.get("optimization", {})
+    crit, ds = cfg.get("criterion", {}), cfg.get("dataset", {})
+    hist = state.get("optimizer_history") or [{}]
+    rows = {
+        "architecture (fairseq)": model_cfg.get("_name") or model_cfg.get("arch"),
+        "encoder": f"{model_cfg['encoder_layers']} layers, hidden {model_cfg['encoder_embed_dim']}, "
+                   f"FFN {model_cfg['encoder_ffn_embed_dim']}, {model_cfg['encoder_attention_heads']} heads",
+        "weak decoder (dropped)": f"{model_cfg.get('decoder_layers', 0)} layers, attention window "
+                                  f"{model_cfg.get('decoder_attention_window', '-')}",
+        "loss weights (MLM / decoder)": f"{crit.get('mlm_weight', '-')} / {crit.get('decoder_weight', '-')}",
+        "updates": hist[-1].get("num_updates", "?"),
+        "peak lr": o.get("lr"),
+        "batch": f"{ds.get('batch_size')} sequences x {cfg.get('distributed_training', {}).get('distributed_world_size')} "
+                 f"workers x update-freq {o.get('update_freq')}",
+        "tokens per sample": t.get("tokens_per_sample"),
+        "sample break mode": t.get("sample_break_mode"),
+        "mask prob": t.get("mask_prob"),
+        "text normalisation": ", ".join(record.get("steps", [])),
+    }
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows.items())
+    head = "XLMRobertaForMaskedLM (with the MLM head)" if with_lm_head else "XLMRobertaModel (encoder only)"
+    return f"""---
+library_name: transformers
+tags: [seed-encoder, dense-retrieval, fairseq, sentence-transformers]
+license: mit
+---
+
+# SEED-Encoder (exported from fairseq)
+
+A RoBERTa-style encoder pre-trained with MLM plus a weak decoder that reconstructs the
+input from the [CLS] vector alone (SEED-Encoder, Lu et al., EMNLP 2021), trained with
+`seed_fairseq`. Exported as **{head}**; the decoder is not included. Use the [CLS] vector
+(`last_hidden_state[:, 0]`) with dot product, as in the paper; `SentenceTransformer` on this
+folder does exactly that (CLS pooling, no normalisation). The pooler is not part of
+SEED-Encoder and is exported as zeros.
+
+Checked at export: tokenizer ids equal fairseq's, and HF outputs equal fairseq's
+(max abs diff {diff:.2e}, fp32).
+
+| training configuration | |
+| --- | --- |
+{table}
+"""
+
+
+def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
+    from fairseq import checkpoint_utils
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, XLMRobertaForMaskedLM, XLMRobertaModel
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ExportError(f"{out}: exists and is not empty; pass --force to replace it")
+    state, cfg, model_cfg, dictionary, sp, record = load_inputs(checkpoint, data)
+    max_len = model_cfg["max_positions"]
+
+    config = hf_config(model_cfg, len(dictionary), with_lm_head)
+    hf_model = (XLMRobertaForMaskedLM if with_lm_head else XLMRobertaModel)(config).eval()
+    hf_state = fairseq_to_hf(state["model"], model_cfg["encoder_layers"], with_lm_head)
+    hf_model.load_state_dict(hf_state, strict=True)
+    tokenizer = build_tokenizer(Path(data) / "spm.model", record, max_len)
+
+    (fs_model,), _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], arg_overrides={"data": str(data)})
+    fs_model.eval()
+    texts = _check_texts(sp, data)
+    diff = verify(fs_model, hf_model, tokenizer, sp, dictionary, record, texts, max_len, atol, with_lm_head)
+    logger.info(f"fairseq vs HF: ids equal on {len(texts)} strings, max abs diff {diff:.2e}")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        hf_model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        if not with_lm_head:
+            from sentence_transformers import SentenceTransformer, models
+
+            word = models.Transformer(str(staging), max_seq_length=max_len)
+            pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="cls")
+            SentenceTransformer(modules=[word, pooling], device="cpu").save(str(staging))
+        (staging / "README.md").write_text(model_card(cfg, model_cfg, state, record, diff, with_lm_head))
+        # the written folder, reloaded the way users will load it
+        auto = (AutoModelForMaskedLM if with_lm_head else AutoModel).from_pretrained(staging).eval()
+        verify(fs_model, auto, AutoTokenizer.from_pretrained(staging), sp, dictionary, record,
+               texts, max_len, atol, with_lm_head)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    logger.info(f"wrote {out}")
+    return out
