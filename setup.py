@@ -31,7 +31,14 @@ setup(
         "mwparserfromhell>=0.6",  # preprocess/: Wikipedia markup
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        # examples/: HuggingFace export and dense retrieval
+        "hf": ["transformers>=4.40", "tokenizers>=0.15", "safetensors", "sentence-transformers>=3"],
+        "retrieval": ["sentence-transformers>=3", "faiss-cpu>=1.7", "ir_measures>=0.3", "bm25s>=0.2", "scipy"],
+        "test": [
+            "pytest>=7",
+            "transformers>=4.40", "tokenizers>=0.15", "safetensors", "sentence-transformers>=3",
+            "faiss-cpu>=1.7", "ir_measures>=0.3", "bm25s>=0.2", "scipy",
+        ],
     },
     entry_points={
         "console_scripts": [

@@ -26,8 +26,10 @@ projects the masked positions onto the vocabulary, while the weak decoder projec
 every position, so the vocabulary size matters to the ratio.  ``--dict-size 0``
 keeps only the sentencepiece pieces of the demo corpus.
 
-Each setup runs in its own fresh interpreter (this script with ``--worker``), one
-after the other, with ``torch.set_num_threads(--threads)``.  Steps are fairseq's
+Each setup runs in its own fresh interpreter (this script with ``--worker``) with
+``torch.set_num_threads(--threads)``.  Both are started together and then step in
+turn, never at the same time, the order alternating every round (so that other
+load on the machine falls on both alike).  Steps are fairseq's
 ``Trainer.train_step([sample])`` (forward, backward, gradient-norm, adam update);
 the first ``--warmup`` steps are run but not timed, then ``--steps`` steps are
 timed one by one with ``time.perf_counter`` (wall clock; the ratio printed last
@@ -66,6 +68,8 @@ SHAPES = {  # layers, embed dim, FFN dim, heads
 }
 N_SPECIALS = 5  # <s> <pad> </s> <unk> from fairseq's Dictionary + <mask> added by the task
 RESULT_TAG = "STEP_TIME_RESULT "
+READY_TAG = "STEP_TIME_READY"
+STEP_TAG = "STEP_TIME_STEP "
 
 
 # --------------------------------------------------------------------------- data
@@ -185,16 +189,18 @@ def worker(setup, args):
     criterion = task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
 
-    times, cpu_times = [], []
-    for step in range(args.warmup + args.steps):
+    # The parent drives the steps: one "step" line on stdin = one timed
+    # train_step, answered on stdout; "done" = report and exit.
+    print(READY_TAG, flush=True)
+    for command in sys.stdin:
+        if command.strip() != "step":
+            break
         t, c = time.perf_counter(), time.process_time()
         log = trainer.train_step([sample])
         dt, dc = time.perf_counter() - t, time.process_time() - c
         if log is None:
             raise RuntimeError(f"{setup}: train_step returned no log (overflow/OOM?)")
-        if step >= args.warmup:
-            times.append(dt)
-            cpu_times.append(dc)
+        print(STEP_TAG + json.dumps([dt, dc]), flush=True)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 
     result = {
@@ -207,8 +213,6 @@ def worker(setup, args):
         "masked_tokens": int(target.ne(pad).sum()),
         "ids": ids,
         "digest": digest,
-        "times": times,
-        "cpu_times": cpu_times,
         "peak_rss_kb": peak_kb,
         "rss_before_model_kb": rss_before_model,
         "threads": torch.get_num_threads(),
@@ -219,18 +223,79 @@ def worker(setup, args):
 # --------------------------------------------------------------------------- main
 
 
-def run_worker(setup, args, data):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", setup, "--data", str(data)]
-    for name in ("arch_size", "steps", "warmup", "batch_size", "tokens_per_sample",
-                 "threads", "sample_break_mode"):
-        cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
-    env = dict(os.environ, PYTHONWARNINGS="ignore",
-               OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_TAG)]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{setup} worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(lines[-1][len(RESULT_TAG):])
+class Worker:
+    """One setup in its own interpreter (this script with --worker), driven step by step."""
+
+    def __init__(self, setup, args, data, log_dir):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", setup, "--data", str(data)]
+        for name in ("arch_size", "batch_size", "tokens_per_sample", "threads", "sample_break_mode"):
+            cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+        env = dict(os.environ, PYTHONWARNINGS="ignore",
+                   OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+        self.setup = setup
+        self.stderr_path = Path(log_dir) / f"{setup}.stderr"
+        self.stderr = open(self.stderr_path, "w")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True, env=env)
+
+    def _expect(self, tag):
+        for line in self.proc.stdout:
+            if line.startswith(tag):
+                return line[len(tag):].strip()
+        self.proc.wait()
+        self.stderr.close()
+        err = self.stderr_path.read_text()[-6000:]
+        raise RuntimeError(f"{self.setup} worker failed ({self.proc.returncode}):\n{err}")
+
+    def _send(self, command):
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def wait_ready(self):
+        self._expect(READY_TAG)
+
+    def step(self):
+        """(wall seconds, CPU seconds) of one train_step."""
+        self._send("step")
+        return tuple(json.loads(self._expect(STEP_TAG)))
+
+    def finish(self):
+        self._send("done")
+        result = json.loads(self._expect(RESULT_TAG))
+        self.proc.wait()
+        self.stderr.close()
+        return result
+
+
+def run_interleaved(args, data, log_dir):
+    """Both setups alive at once, stepping in turn (never concurrently), the order
+    alternating every round: load that other programs put on the machine falls
+    on both alike.  Returns {setup: result} with "times" / "cpu_times"."""
+    workers = {setup: Worker(setup, args, data, log_dir) for setup in SETUPS}
+    try:
+        for w in workers.values():  # model build etc. may overlap: untimed
+            w.wait_ready()
+        times = {setup: [] for setup in SETUPS}
+        for step in range(args.warmup + args.steps):
+            order = SETUPS if step % 2 == 0 else SETUPS[::-1]
+            for setup in order:
+                measured = workers[setup].step()
+                if step >= args.warmup:
+                    times[setup].append(measured)
+            print(f"  step {step + 1}/{args.warmup + args.steps}"
+                  f"{' (warm-up)' if step < args.warmup else ''} done", flush=True)
+        results = {}
+        for setup, w in workers.items():
+            r = w.finish()
+            r["times"] = [dt for dt, _ in times[setup]]
+            r["cpu_times"] = [dc for _, dc in times[setup]]
+            results[setup] = r
+        return results
+    finally:
+        for w in workers.values():
+            if w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
 
 
 def mib(kb):
@@ -268,10 +333,8 @@ def main(argv=None):
         t = time.perf_counter()
         data = build_data(Path(args.corpus), Path(tmp) / "data-bin", args.spm_vocab, args.dict_size)
         print(f"binarized {Path(args.corpus).name} in {time.perf_counter() - t:.1f}s")
-        results = {}
-        for setup in SETUPS:  # one after the other: never competing for the cores
-            print(f"running {setup} ...", flush=True)
-            results[setup] = run_worker(setup, args, data)
+        print(f"building both setups, then {args.warmup} + {args.steps} steps each, in turn", flush=True)
+        results = run_interleaved(args, data, tmp)
 
     seed, mlm = results["seed_pretrain"], results["masked_lm"]
     if seed["digest"] != mlm["digest"] or seed["ids"] != mlm["ids"]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .errors import PreprocessError
+from .text import LINE_UNITS
 
 logger = logging.getLogger("preprocess")
 
@@ -394,12 +395,6 @@ class Build:
         return record
 
 
-def textmod_line_units():
-    from .text import LINE_UNITS
-
-    return LINE_UNITS
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m preprocess.build",
@@ -416,7 +411,7 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="output folder (fairseq data dir)")
     p.add_argument("--vocab-size", type=int, default=32768, help="sentencepiece pieces (default 32768)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
-    p.add_argument("--line-unit", choices=textmod_line_units(), default="sentence",
+    p.add_argument("--line-unit", choices=LINE_UNITS, default="sentence",
                    help="what one line (one fairseq item) is: 'sentence' (default; paragraphs split "
                         "by blingfire, as in BERT/RoBERTa/SEED data) or 'paragraph'")
     p.add_argument("--max-line-pieces", type=int, default=510, metavar="N",

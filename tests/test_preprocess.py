@@ -2,7 +2,9 @@
 
 The real-data tests use ../shared/data/enwiki-sample-206-pages.xml.bz2 (beside
 the repo) and skip cleanly without it; everything else builds small fixtures
-in tmp_path. One module-scoped wiki build is shared by the real-data tests.
+in tmp_path. Module-scoped wiki builds are shared by the real-data tests: the
+default one (one sentence per line), one with --line-unit paragraph and one
+with a tiny --max-line-pieces.
 """
 import bz2
 import json
@@ -16,7 +18,8 @@ import pytest
 import sentencepiece as spm
 
 from preprocess import build as build_mod
-from preprocess.text import normalize_line
+from preprocess.encode import cut_pieces
+from preprocess.text import normalize_line, paragraph_lines, split_sentences
 from preprocess.vocab import fairseq_to_spm_id, spm_to_fairseq_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,6 +74,39 @@ def decode_split(prefix, out):
     return lines
 
 
+def read_documents(path):
+    """The documents of a split text file, each as its lines joined by one space."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [" ".join(doc.split("\n")) for doc in text.rstrip("\n").split("\n\n")]
+
+
+def decode_documents(prefix, out):
+    """Each document of a binarized split decoded from all its items' pieces together.
+
+    Documents are separated by the one-token item [</s>]; the items of a
+    document are concatenated piece by piece (no separator), so lines cut
+    into chunks join back exactly, and whole lines (each starting with "▁")
+    join with one space.
+    """
+    from fairseq.data import Dictionary
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    ds = MMapIndexedDataset(str(prefix))
+    docs, current = [], []
+    for i in range(len(ds)):
+        ids = ds[i].tolist()
+        assert ids[-1] == dictionary.eos()
+        if len(ids) == 1:
+            docs.append(current)
+            current = []
+        else:
+            current += [fairseq_to_spm_id(t) for t in ids[:-1]]
+    docs.append(current)
+    return [sp.decode(ids) for ids in docs]
+
+
 def files_of(directory):
     """{relative path: bytes} of every file, for byte-for-byte comparisons."""
     directory = Path(directory)
@@ -87,6 +123,29 @@ def wiki_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("wiki") / "data-bin"
     run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
               "--valid-docs", 5, "--test-docs", 5, "--keep-work")
+    return out
+
+
+@pytest.fixture(scope="module")
+def wiki_para_out(tmp_path_factory):
+    if not WIKI_SAMPLE.exists():
+        pytest.skip(f"{WIKI_SAMPLE} not present (../shared beside the repo)")
+    out = tmp_path_factory.mktemp("wiki_para") / "data-bin"
+    run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
+              "--valid-docs", 5, "--test-docs", 5, "--keep-work", "--line-unit", "paragraph")
+    return out
+
+
+TINY_MAX_PIECES = 20
+
+
+@pytest.fixture(scope="module")
+def wiki_cut_out(tmp_path_factory):
+    if not WIKI_SAMPLE.exists():
+        pytest.skip(f"{WIKI_SAMPLE} not present (../shared beside the repo)")
+    out = tmp_path_factory.mktemp("wiki_cut") / "data-bin"
+    run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
+              "--valid-docs", 5, "--test-docs", 5, "--keep-work", "--max-line-pieces", TINY_MAX_PIECES)
     return out
 
 
@@ -180,6 +239,45 @@ def test_spm_to_fairseq_id_rule():
         fairseq_to_spm_id(1)  # <pad> has no sentencepiece id
 
 
+def test_split_sentences_cuts_only_at_spaces():
+    assert split_sentences("Dr. Smith went to Washington. He arrived at 3 p.m. today. It was cold!") == [
+        "Dr. Smith went to Washington.", "He arrived at 3 p.m. today.", "It was cold!"]
+    for text in ("The U.S. economy grew 3.5% in 2019 (see Fig. 2). Growth slowed.",
+                 "中文句子。第二句。 Emoji 🎉 ok. Next", "one", "\"Quoted.\" Then (parenthesis.) after"):
+        sentences = split_sentences(text)
+        assert " ".join(sentences) == text and all(sentences), sentences
+    assert split_sentences("中文句子。第二句。") == ["中文句子。第二句。"]  # no space: not cut
+
+
+def test_paragraph_lines_join_back_to_the_normalised_paragraph():
+    raw = "  Dr. Smith  went HOME.\u00a0He SLEPT!  İstanbul ΟΔΟΣ. Ｆｕｌｌ ﬁne. "
+    lines, whole = paragraph_lines(raw)
+    # Split on the cased text (capitals help the splitter), then lower-cased.
+    assert lines == ["dr. smith went home.", "he slept!", "i̇stanbul οδος.", "full fine."] and not whole
+    assert " ".join(lines) == normalize_line(raw)
+    assert paragraph_lines(raw, line_unit="paragraph") == ([normalize_line(raw)], False)
+    assert paragraph_lines(raw, lowercase=False)[0][0] == "Dr. Smith went HOME."
+    assert paragraph_lines(" \u3000 ") == ([], False)
+
+
+def test_cut_pieces():
+    pieces = "▁a b c ▁d e f g h ▁i j".split()
+    assert cut_pieces(pieces, 4) == [["▁a", "b", "c"], ["▁d", "e", "f", "g"], ["h", "▁i", "j"]]
+    assert cut_pieces(pieces, 0) == [pieces] and cut_pieces(pieces, 11) == [pieces]
+    # No word start in reach: do not cut inside a byte-fallback UTF-8 character.
+    snowmen = "<0xE2> <0x98> <0x83> <0xE2> <0x98> <0x83>".split()
+    assert cut_pieces(snowmen, 4) == [snowmen[:3], snowmen[3:]]
+    import random
+
+    rng = random.Random(0)
+    vocab = ["▁a", "b", "▁", "<0xE2>", "<0x98>", "<0x83>", "c"]
+    for _ in range(3000):
+        p = [rng.choice(vocab) for _ in range(rng.randint(1, 60))]
+        n = rng.randint(1, 12)
+        chunks = cut_pieces(p, n)
+        assert sum(chunks, []) == p and all(1 <= len(c) <= n for c in chunks)
+
+
 # ---- real Wikipedia sample ------------------------------------------------------------------
 
 
@@ -226,10 +324,68 @@ def test_wiki_no_markup_survives(wiki_out):
 
 
 def test_wiki_decoding_train_split_reproduces_text(wiki_out):
-    expected = read_lines(wiki_out / ".work" / "split" / "train0.txt")
-    decoded = decode_split(wiki_out / "train", wiki_out)
-    assert decoded == expected
-    assert decode_split(wiki_out / "valid", wiki_out) == read_lines(wiki_out / ".work" / "split" / "valid.txt")
+    record = json.loads((wiki_out / "preprocess.json").read_text())
+    assert record["normalization"]["line_unit"] == "sentence" and record["lines"]["max_line_pieces"] == 510
+    for name, prefix in (("train0", "train"), ("valid", "valid")):
+        text = wiki_out / ".work" / "split" / f"{name}.txt"
+        assert decode_documents(wiki_out / prefix, wiki_out) == read_documents(text)
+        if record["splits"][name]["lines_cut"] == 0:  # then also line by line
+            assert decode_split(wiki_out / prefix, wiki_out) == read_lines(text)
+
+
+def test_wiki_sentence_lines_vs_paragraph_lines(wiki_out, wiki_para_out):
+    sent = json.loads((wiki_out / "preprocess.json").read_text())
+    para = json.loads((wiki_para_out / "preprocess.json").read_text())
+    assert para["normalization"]["line_unit"] == "paragraph" and para["lines"]["sentence_splitter"] is None
+    assert sent["documents"]["documents"] == para["documents"]["documents"]
+    # Same paragraphs; in sentence mode most are several lines.
+    assert sent["lines"]["paragraphs"] == para["lines"]["paragraphs"] == para["lines"]["lines"]
+    assert sent["lines"]["lines"] > 2 * para["lines"]["lines"]
+    assert sent["lines"]["paragraphs_kept_whole"] <= 3
+    for name, prefix in (("train0", "train"), ("valid", "valid"), ("test", "test")):
+        assert sent["splits"][name]["documents"] == para["splits"][name]["documents"]
+        assert sent["splits"][name]["lines"] > para["splits"][name]["lines"]
+        # Decoding the sentence-mode data gives the normalised paragraphs of each
+        # document (lines joined by one space).
+        expected = read_documents(wiki_para_out / ".work" / "split" / f"{name}.txt")
+        assert read_documents(wiki_out / ".work" / "split" / f"{name}.txt") == expected
+        assert decode_documents(wiki_out / prefix, wiki_out) == expected
+    # The problem sentence lines solve: paragraphs longer than a 511-token block.
+    # The default piece cap cuts them in paragraph mode too, so no block is oversized.
+    assert para["lines"]["lines_cut"] > 0
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    for out in (wiki_out, wiki_para_out):
+        assert MMapIndexedDataset(str(out / "train")).sizes.max() <= 510 + 1
+
+
+def test_wiki_tiny_max_line_pieces_loses_nothing(wiki_out, wiki_cut_out):
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    record = json.loads((wiki_cut_out / "preprocess.json").read_text())
+    lines = record["lines"]
+    assert lines["max_line_pieces"] == TINY_MAX_PIECES and record["config"]["max_line_pieces"] == TINY_MAX_PIECES
+    assert lines["lines_cut"] > 1000 and lines["chunks_added"] >= lines["lines_cut"]
+    assert lines["lines_cut"] == sum(s["lines_cut"] for s in record["splits"].values())
+    # Same text and vocabulary as the default build: only the encoding changed.
+    assert (wiki_cut_out / "spm.model").read_bytes() == (wiki_out / "spm.model").read_bytes()
+    sp = spm.SentencePieceProcessor(model_file=str(wiki_cut_out / "spm.model"))
+    for name, prefix in (("train0", "train"), ("valid", "valid"), ("test", "test")):
+        ds = MMapIndexedDataset(str(wiki_cut_out / prefix))
+        assert ds.sizes.max() <= TINY_MAX_PIECES + 1  # pieces + </s>
+        split = record["splits"][name]
+        assert split["sequences"] == split["lines"] + split["documents"] - 1 + split["chunks_added"]
+        text = wiki_cut_out / ".work" / "split" / f"{name}.txt"
+        assert decode_documents(wiki_cut_out / prefix, wiki_cut_out) == read_documents(text)
+    # Piece for piece: the chunks of the train split are the pieces of its lines, in order.
+    expected = [spm_to_fairseq_id(i) for line in read_lines(wiki_cut_out / ".work" / "split" / "train0.txt")
+                for i in sp.encode(line)]
+    ds = MMapIndexedDataset(str(wiki_cut_out / "train"))
+    got = [t for i in range(len(ds)) for t in ds[i].tolist()[:-1]]
+    assert got == expected
+    # Chunks end at word starts where they can: most begin with "▁".
+    bpe = read_lines(wiki_cut_out / ".work" / "bpe" / "train0.bpe")
+    assert sum(line.startswith("▁") for line in bpe if line) > 0.95 * sum(1 for line in bpe if line)
 
 
 def test_wiki_document_boundaries_for_complete_doc(wiki_out):
