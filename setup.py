@@ -29,13 +29,14 @@ setup(
         "tensorboardX",  # --tensorboard-logdir
         "requests",  # fairseq's hub interface (RobertaModel.from_pretrained) imports it
         "mwparserfromhell>=0.6",  # preprocess/: Wikipedia markup
+        "blingfire>=0.1.8",  # preprocess/: sentence splitting
     ],
     extras_require={
         # examples/: HuggingFace export and dense retrieval
         "hf": ["transformers>=4.40", "tokenizers>=0.15", "safetensors", "sentence-transformers>=3"],
         "retrieval": ["sentence-transformers>=3", "faiss-cpu>=1.7", "ir_measures>=0.3", "bm25s>=0.2", "scipy"],
         "test": [
-            "pytest>=7",
+            "pytest>=7", "pytest-timeout>=2",
             "transformers>=4.40", "tokenizers>=0.15", "safetensors", "sentence-transformers>=3",
             "faiss-cpu>=1.7", "ir_measures>=0.3", "bm25s>=0.2", "scipy",
         ],

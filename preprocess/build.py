@@ -188,8 +188,11 @@ class Build:
     # ---- stages ----------------------------------------------------------------------
 
     def stage_extract(self, results):
+        from . import text as textmod
         from .extract import extract
 
+        if self.args.line_unit == "sentence":
+            textmod.sentence_splitter_available()  # a clear error here, not in a pool worker
         d = self.work / "extract"
         d.mkdir(parents=True, exist_ok=True)
         corpus = d / "corpus.txt"

@@ -2,6 +2,25 @@
 import collections
 import multiprocessing
 
+# An exception raised by a Pool initializer makes multiprocessing restart the
+# worker forever (the map then hangs); we keep it and raise it from the task.
+_INIT_ERROR = None
+
+
+def _guarded_init(initializer, initargs):
+    global _INIT_ERROR
+    try:
+        if initializer is not None:
+            initializer(*initargs)
+    except Exception as e:  # noqa: BLE001 - re-raised in _guarded_call
+        _INIT_ERROR = e
+
+
+def _guarded_call(func, item):
+    if _INIT_ERROR is not None:
+        raise _INIT_ERROR
+    return func(item)
+
 
 def ordered_imap(func, iterable, workers, initializer=None, initargs=(), inflight_per_worker=4):
     """Like ``Pool.imap(func, iterable)`` but reads ``iterable`` lazily.
@@ -20,10 +39,10 @@ def ordered_imap(func, iterable, workers, initializer=None, initargs=(), infligh
             yield func(item)
         return
     limit = workers * inflight_per_worker
-    with multiprocessing.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+    with multiprocessing.Pool(workers, initializer=_guarded_init, initargs=(initializer, initargs)) as pool:
         pending = collections.deque()
         for item in iterable:
-            pending.append(pool.apply_async(func, (item,)))
+            pending.append(pool.apply_async(_guarded_call, (func, item)))
             if len(pending) >= limit:
                 yield pending.popleft().get()
         while pending:

@@ -58,6 +58,11 @@ def _blingfire():
     return blingfire
 
 
+def sentence_splitter_available():
+    """Raise PreprocessError unless the sentence splitter can be imported."""
+    _blingfire()
+
+
 def split_sentences(text):
     """Split one whitespace-normalised paragraph into sentences, cutting only at its spaces.
 

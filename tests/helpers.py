@@ -24,6 +24,7 @@ def run(cmd, **kwargs):
     """Run a command; on failure show its output in the assertion message."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env.update(kwargs.pop("env", {}))
+    kwargs.setdefault("timeout", 900)  # a hung command fails its test instead of CI
     proc = subprocess.run(
         [str(c) for c in cmd], capture_output=True, text=True, env=env, **kwargs
     )

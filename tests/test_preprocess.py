@@ -3,8 +3,8 @@
 The real-data tests use ../shared/data/enwiki-sample-206-pages.xml.bz2 (beside
 the repo) and skip cleanly without it; everything else builds small fixtures
 in tmp_path. Module-scoped wiki builds are shared by the real-data tests: the
-default one (one sentence per line), one with --line-unit paragraph and one
-with a tiny --max-line-pieces.
+default one (one sentence per line) and one with --line-unit paragraph and a
+tiny --max-line-pieces (two wiki builds instead of three: the test time).
 """
 import bz2
 import json
@@ -126,26 +126,18 @@ def wiki_out(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def wiki_para_out(tmp_path_factory):
-    if not WIKI_SAMPLE.exists():
-        pytest.skip(f"{WIKI_SAMPLE} not present (../shared beside the repo)")
-    out = tmp_path_factory.mktemp("wiki_para") / "data-bin"
-    run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
-              "--valid-docs", 5, "--test-docs", 5, "--keep-work", "--line-unit", "paragraph")
-    return out
-
-
 TINY_MAX_PIECES = 20
 
 
 @pytest.fixture(scope="module")
-def wiki_cut_out(tmp_path_factory):
+def wiki_para_out(tmp_path_factory):
+    """Paragraph lines, cut at a tiny number of pieces: the hardest case for "nothing is lost"."""
     if not WIKI_SAMPLE.exists():
         pytest.skip(f"{WIKI_SAMPLE} not present (../shared beside the repo)")
-    out = tmp_path_factory.mktemp("wiki_cut") / "data-bin"
+    out = tmp_path_factory.mktemp("wiki_para") / "data-bin"
     run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
-              "--valid-docs", 5, "--test-docs", 5, "--keep-work", "--max-line-pieces", TINY_MAX_PIECES)
+              "--valid-docs", 5, "--test-docs", 5, "--keep-work", "--line-unit", "paragraph",
+              "--max-line-pieces", TINY_MAX_PIECES)
     return out
 
 
@@ -350,41 +342,38 @@ def test_wiki_sentence_lines_vs_paragraph_lines(wiki_out, wiki_para_out):
         expected = read_documents(wiki_para_out / ".work" / "split" / f"{name}.txt")
         assert read_documents(wiki_out / ".work" / "split" / f"{name}.txt") == expected
         assert decode_documents(wiki_out / prefix, wiki_out) == expected
-    # The problem sentence lines solve: paragraphs longer than a 511-token block.
-    # The default piece cap cuts them in paragraph mode too, so no block is oversized.
-    assert para["lines"]["lines_cut"] > 0
+    # Sentence lines with the default cap: no item is longer than a 511-token block.
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
-    for out in (wiki_out, wiki_para_out):
-        assert MMapIndexedDataset(str(out / "train")).sizes.max() <= 510 + 1
+    ds = MMapIndexedDataset(str(wiki_out / "train"))  # keep it alive while .sizes is read
+    assert ds.sizes.max() <= 510 + 1
 
 
-def test_wiki_tiny_max_line_pieces_loses_nothing(wiki_out, wiki_cut_out):
+def test_wiki_tiny_max_line_pieces_loses_nothing(wiki_para_out):
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
-    record = json.loads((wiki_cut_out / "preprocess.json").read_text())
+    out = wiki_para_out
+    record = json.loads((out / "preprocess.json").read_text())
     lines = record["lines"]
     assert lines["max_line_pieces"] == TINY_MAX_PIECES and record["config"]["max_line_pieces"] == TINY_MAX_PIECES
-    assert lines["lines_cut"] > 1000 and lines["chunks_added"] >= lines["lines_cut"]
+    assert lines["lines_cut"] > 1000 and lines["chunks_added"] > lines["lines_cut"]
     assert lines["lines_cut"] == sum(s["lines_cut"] for s in record["splits"].values())
-    # Same text and vocabulary as the default build: only the encoding changed.
-    assert (wiki_cut_out / "spm.model").read_bytes() == (wiki_out / "spm.model").read_bytes()
-    sp = spm.SentencePieceProcessor(model_file=str(wiki_cut_out / "spm.model"))
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     for name, prefix in (("train0", "train"), ("valid", "valid"), ("test", "test")):
-        ds = MMapIndexedDataset(str(wiki_cut_out / prefix))
+        ds = MMapIndexedDataset(str(out / prefix))
         assert ds.sizes.max() <= TINY_MAX_PIECES + 1  # pieces + </s>
         split = record["splits"][name]
         assert split["sequences"] == split["lines"] + split["documents"] - 1 + split["chunks_added"]
-        text = wiki_cut_out / ".work" / "split" / f"{name}.txt"
-        assert decode_documents(wiki_cut_out / prefix, wiki_cut_out) == read_documents(text)
+        text = out / ".work" / "split" / f"{name}.txt"
+        assert decode_documents(out / prefix, out) == read_documents(text)
     # Piece for piece: the chunks of the train split are the pieces of its lines, in order.
-    expected = [spm_to_fairseq_id(i) for line in read_lines(wiki_cut_out / ".work" / "split" / "train0.txt")
+    expected = [spm_to_fairseq_id(i) for line in read_lines(out / ".work" / "split" / "train0.txt")
                 for i in sp.encode(line)]
-    ds = MMapIndexedDataset(str(wiki_cut_out / "train"))
+    ds = MMapIndexedDataset(str(out / "train"))
     got = [t for i in range(len(ds)) for t in ds[i].tolist()[:-1]]
     assert got == expected
     # Chunks end at word starts where they can: most begin with "▁".
-    bpe = read_lines(wiki_cut_out / ".work" / "bpe" / "train0.bpe")
+    bpe = read_lines(out / ".work" / "bpe" / "train0.bpe")
     assert sum(line.startswith("▁") for line in bpe if line) > 0.95 * sum(1 for line in bpe if line)
 
 
@@ -610,6 +599,35 @@ def test_changed_options_on_unfinished_build_are_refused(tmp_path, text_file, ca
     code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL[:-4],
                                 "--valid-docs", 3, "--test-docs", 2, "--force")
     assert code == 0 and (out / "preprocess.json").exists()
+
+
+@pytest.mark.parametrize("changed", [["--line-unit", "paragraph"], ["--max-line-pieces", 20]])
+def test_changed_line_options_are_never_resumed_or_reused(tmp_path, text_file, capsys, caplog, changed):
+    """--line-unit changes extract's output, --max-line-pieces encode's: a build made
+    with other values must not be resumed (stale stages) nor taken as complete."""
+    caplog.set_level("INFO", logger="preprocess")
+    out = tmp_path / "out"
+    run_build("--text", text_file, "--out", out, *SMALL, "--stop-after", "vocab")
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, *changed)
+    assert code == 2 and "unfinished build with other inputs or options" in err
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL)  # resume as it was
+    assert code == 0 and "stage vocab: already done" in caplog.text
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, *changed)
+    assert code == 2 and "already holds a build with other inputs or options" in err
+    caplog.clear()
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, *changed, "--force")
+    assert code == 0 and "stage extract: running" in caplog.text and "already done" not in caplog.text
+    record = json.loads((out / "preprocess.json").read_text())
+    key = changed[0][2:].replace("-", "_")
+    assert str(record["config"][key]) == str(changed[1])
+
+
+def test_line_option_values_are_checked(tmp_path, text_file, capsys):
+    for bad in (["--max-line-pieces", -1], ["--line-unit", "word"]):
+        with pytest.raises(SystemExit) as e:
+            build_inprocess(capsys, "--text", text_file, "--out", tmp_path / "out", *SMALL, *bad)
+        assert e.value.code == 2
+    assert not (tmp_path / "out").exists()
 
 
 # ---- bad input: one clear error, exit code 2, nothing complete-looking ---------------------------
