@@ -12,6 +12,7 @@ from pathlib import Path
 import mwparserfromhell
 
 from .errors import PreprocessError
+from .text import check_nonempty_file
 
 # Link prefixes whose targets are media, categories or other-language copies:
 # their text is not article prose. ("Image:"/"Media:" are old aliases of "File:".)
@@ -53,12 +54,7 @@ def _local(tag):
 def _open_dump(path):
     """Open a dump as a binary stream, bz2-compressed or not (decided by magic bytes)."""
     path = Path(path)
-    if not path.exists():
-        raise PreprocessError(path, "no such file")
-    if not path.is_file():
-        raise PreprocessError(path, "not a regular file")
-    if path.stat().st_size == 0:
-        raise PreprocessError(path, "empty file")
+    check_nonempty_file(path)
     with open(path, "rb") as f:
         magic = f.read(3)
     if magic == b"BZh":
