@@ -21,7 +21,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 
 class DataFormatError(ValueError):
@@ -153,7 +153,7 @@ def _read_qrels(path: Path) -> Tuple[Dict[str, Dict[str, int]], Dict[str, int]]:
                 path, lineno,
                 f"expected 3 columns (query-id, corpus-id, score) or 4 (qid, 0, docid, rel), found {len(cols)}",
             )
-        if lineno == 1 and not _is_int(rel):
+        if lineno == 1 and qid.lower() in ("query-id", "query_id", "qid") and not _is_int(rel):
             continue  # BEIR header "query-id corpus-id score"
         if not _is_int(rel):
             raise DataFormatError(path, lineno, f"relevance {rel!r} is not an integer")

@@ -18,8 +18,9 @@
   TripletLoss with a negative-dot-product "distance".
 * ``--train-fraction F``: a deterministic subset of the training queries
   (Figure 6c/d few-shot curves); nested fractions are nested subsets.
-* ``--eval-every N``: retrieval metrics on ``--dev-split`` every N steps
-  (and at step 0 and at every epoch end), appended as JSON lines
+* ``--eval-every N``: retrieval metrics on ``--dev-split`` at step 0, every
+  N steps counted within each epoch (sentence-transformers'
+  ``evaluation_steps``) and at every epoch end, appended as JSON lines
   ``{"step", "MRR@10", "R@100", "nDCG@10"}`` to ``OUT/curve.jsonl`` (Figure 6a/b).
 
 Training uses sentence-transformers' own loop (``SentenceTransformer.old_fit``:
@@ -276,7 +277,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--split", default="train")
     p.add_argument("--out", required=True, help="where the fine-tuned sentence-transformers model goes")
     p.add_argument("--dev-split", default=None,
-                   help="split for --eval-every curves (default: 'dev' if the folder has it)")
+                   help="split for the dev curve (default with --eval-every: 'dev' if the folder has it)")
     d = FinetuneConfig()
     p.add_argument("--negatives", choices=("bm25", "ance", "none"), default=d.negatives)
     p.add_argument("--loss", choices=("mnrl", "triplet"), default=d.loss)
@@ -294,7 +295,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="negatives of the first ANCE round: the starting model's own top-k, or BM25")
     p.add_argument("--margin", type=float, default=d.margin, help="triplet margin")
     p.add_argument("--scale", type=float, default=d.scale, help="MNRL logit scale (1 = raw dot product)")
-    p.add_argument("--eval-every", type=int, default=0, help="dev metrics every N steps (0: epoch ends only)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="dev metrics every N steps within an epoch (0: step 0 and epoch ends only)")
     p.add_argument("--eval-k", type=int, default=d.eval_k)
     p.add_argument("--no-progress", action="store_true")
     add_search_args(p)
@@ -310,7 +312,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     data_dir = Path(args.data)
     dev_split = args.dev_split
-    if dev_split is None and ((data_dir / "qrels" / "dev.tsv").is_file() or (data_dir / "qrels.dev.tsv").is_file()):
+    # dev evaluation re-encodes the whole corpus: only when a curve is asked for
+    if dev_split is None and args.eval_every > 0 and (
+            (data_dir / "qrels" / "dev.tsv").is_file() or (data_dir / "qrels.dev.tsv").is_file()):
         dev_split = "dev"
     try:
         train = load_data(data_dir, args.split)

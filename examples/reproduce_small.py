@@ -1,0 +1,386 @@
+#!/usr/bin/env python
+"""Small-scale reproduction of the paper's comparison: does the weak decoder help retrieval?
+
+    python examples/reproduce_small.py --out runs/reproduce_small       # defaults: 2 CPU cores, < 60 min
+
+Pre-trains three encoders on the same text with identical encoder size, data,
+updates and seed, exports each to HuggingFace (examples/export_to_hf.py),
+fine-tunes each identically as a dual encoder and evaluates it:
+
+  seed    SEED-Encoder: MLM + 3-layer weak decoder, attention window k=2
+  mlm     MLM only (no decoder): the BERT baseline of the paper
+  full    MLM + 3-layer decoder with full causal attention (the "strong decoder" ablation)
+
+and prints one table (MRR@10, R@100, nDCG@10, permutation-test p-value of
+MRR@10 vs MLM-only) plus the Figure 1b / Figure 5 analysis: mean cosine
+similarity of the [CLS] vectors of random text pairs of 64/128/256/512 tokens,
+before fine-tuning.
+
+Retrieval set (unless --retrieval-data is given): derived from the same
+corpus, see examples/retrieval/data.py:derive_retrieval_set -- passages are the
+corpus paragraphs; one sentence of each paragraph (>= 3 sentences) is a query
+and is removed from its passage; queries are split train/dev/test by
+*document*, so test queries come from articles never seen in fine-tuning.
+
+Every stage writes into --out and is skipped when its output exists, so an
+interrupted run resumes (--force-stage NAME redoes one stage and those after
+it).  At real scale, e.g. on a GPU box with your corpus and MS MARCO:
+
+    python examples/reproduce_small.py --corpus my_corpus.txt --vocab-size 32768 \\
+        --seed-arch seed_encoder_base --mlm-arch seed_encoder_mlm_only --encoder-args "" \\
+        --tokens-per-sample 512 --batch-size 32 --updates 100000 --warmup 10000 --lr 1e-4 --gpu \\
+        --fairseq-args "--fp16" --retrieval-data msmarco/ --train-split train --test-split dev.small \\
+        --dev-split none --ft-epochs 1 --ft-batch-size 64 --ft-lr 2e-5 --max-seq-length 128
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from examples.retrieval.bm25 import BM25  # noqa: E402
+from examples.retrieval.data import derive_retrieval_set, load_data  # noqa: E402
+from examples.retrieval.evaluate import evaluate_model  # noqa: E402
+from examples.retrieval.finetune import FinetuneConfig, finetune  # noqa: E402
+from examples.retrieval.metrics import (  # noqa: E402
+    compare, evaluate, read_trec_run, write_trec_run,
+)
+from examples.retrieval.search import load_model  # noqa: E402
+
+TINY_ENCODER = "--encoder-layers 2 --encoder-embed-dim 128 --encoder-ffn-embed-dim 256 --encoder-attention-heads 4"
+MODELS = ("seed", "mlm", "full")
+LABELS = {"seed": "SEED-Encoder (k=2)", "mlm": "MLM only", "full": "full-attention decoder"}
+STAGES = ("data", "pretrain", "export", "similarity", "retrieval", "finetune")
+
+
+def log(msg):
+    print(f"[reproduce {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(cmd, log_file=None, env=None):
+    """Run a CLI; its output goes to log_file, and the tail of it to stderr on failure."""
+    cmd = [str(c) for c in cmd]
+    log(" ".join(shlex.quote(c) for c in cmd))
+    with open(log_file, "w") if log_file else open(os.devnull, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
+    if proc.returncode != 0:
+        tail = Path(log_file).read_text()[-4000:] if log_file else ""
+        raise SystemExit(f"error: command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+def bin_of(name):
+    return str(Path(sys.executable).with_name(name))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/reproduce_small")
+    p.add_argument("--corpus", default=str(REPO / "examples" / "data" / "demo_corpus.txt"),
+                   help="pre-training text: one paragraph per line, blank line between documents")
+    p.add_argument("--seed", type=int, default=1, help="one seed for pre-training, fine-tuning and sampling")
+    p.add_argument("--models", default=",".join(MODELS), help="subset of seed,mlm,full")
+    p.add_argument("--force-stage", choices=STAGES, help="redo this stage and every later one")
+    g = p.add_argument_group("pre-training (identical for the three models)")
+    g.add_argument("--vocab-size", type=int, default=2000)
+    g.add_argument("--valid-docs", type=int, default=2, help="held out by preprocess.build (unused: no validation)")
+    g.add_argument("--updates", type=int, default=1000)
+    g.add_argument("--warmup", type=int, default=100)
+    g.add_argument("--lr", type=float, default=5e-4)
+    g.add_argument("--batch-size", type=int, default=16, help="sequences per GPU/process per step")
+    g.add_argument("--update-freq", type=int, default=1)
+    g.add_argument("--tokens-per-sample", type=int, default=128)
+    g.add_argument("--seed-arch", default="seed_encoder_tiny", help="3-layer k=2 decoder architecture")
+    g.add_argument("--mlm-arch", default="seed_encoder_mlm_only")
+    g.add_argument("--full-arch", default=None,
+                   help="full-attention decoder arch (default: --seed-arch with --decoder-attention-window full)")
+    g.add_argument("--encoder-args", default=TINY_ENCODER,
+                   help="encoder sizes given to ALL three runs (empty for the archs' own sizes)")
+    g.add_argument("--fairseq-args", default="", help="extra fairseq-train arguments for all runs, e.g. --fp16")
+    g.add_argument("--gpu", action="store_true", help="train on GPU (default: --cpu)")
+    g.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for the CLIs")
+    g = p.add_argument_group("retrieval")
+    g.add_argument("--retrieval-data", default=None,
+                   help="BEIR or MS MARCO folder (default: derived from --corpus into OUT/retrieval)")
+    g.add_argument("--train-split", default="train")
+    g.add_argument("--dev-split", default="dev", help="'none' to skip the dev curve")
+    g.add_argument("--test-split", default="test")
+    g.add_argument("--negatives", choices=("bm25", "ance", "none"), default="bm25")
+    g.add_argument("--loss", choices=("mnrl", "triplet"), default="mnrl")
+    g.add_argument("--train-fraction", type=float, default=1.0)
+    g.add_argument("--ft-epochs", type=int, default=20)
+    g.add_argument("--ft-batch-size", type=int, default=32)
+    g.add_argument("--ft-lr", type=float, default=1e-4)
+    g.add_argument("--num-negatives", type=int, default=1)
+    g.add_argument("--eval-every", type=int, default=0)
+    g.add_argument("--max-seq-length", type=int, default=128)
+    g.add_argument("--encode-batch-size", type=int, default=64)
+    g.add_argument("--index", default="flat")
+    g.add_argument("--k", type=int, default=1000)
+    g.add_argument("--resamples", type=int, default=10000, help="permutation test resamples")
+    g = p.add_argument_group("[CLS] similarity analysis (Figure 1b / 5)")
+    g.add_argument("--cos-lengths", default="64,128,256,512")
+    g.add_argument("--cos-pairs", type=int, default=200)
+    return p.parse_args(argv)
+
+
+class Stages:
+    """Skip finished stages; --force-stage S reruns S and everything after it."""
+
+    def __init__(self, out: Path, force: str = None):
+        self.out, self.force_from = out, STAGES.index(force) if force else len(STAGES)
+
+    def done(self, stage, marker: Path) -> bool:
+        return STAGES.index(stage) < self.force_from and marker.exists()
+
+
+def pretrain_commands(args, data_bin: Path, out: Path):
+    common = [
+        str(data_bin), "--user-dir", str(REPO / "seed_fairseq"),
+        "--task", "seed_pretrain", "--criterion", "seed_pretrain",
+        "--tokens-per-sample", str(args.tokens_per_sample), "--sample-break-mode", "complete",
+        "--batch-size", str(args.batch_size), "--update-freq", str(args.update_freq),
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6", "--weight-decay", "0.01",
+        "--lr", str(args.lr), "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(args.warmup),
+        "--total-num-update", str(args.updates), "--max-update", str(args.updates),
+        "--clip-norm", "1.0", "--dropout", "0.1", "--attention-dropout", "0.1",
+        "--disable-validation", "--no-epoch-checkpoints", "--save-interval-updates", "0",
+        "--log-format", "simple", "--log-interval", "50", "--seed", str(args.seed),
+        *([] if args.gpu else ["--cpu"]), *shlex.split(args.encoder_args), *shlex.split(args.fairseq_args),
+    ]
+    archs = {
+        "seed": ["--arch", args.seed_arch],
+        # plain MLM, as the paper's BERT baseline (seed_pretrain's default 0.5
+        # weight is the MLM half of the SEED loss; with --clip-norm it matters)
+        "mlm": ["--arch", args.mlm_arch, "--mlm-weight", "1.0"],
+        "full": (["--arch", args.full_arch] if args.full_arch
+                 else ["--arch", args.seed_arch, "--decoder-attention-window", "full"]),
+    }
+    return {m: [bin_of("fairseq-train"), *common, *archs[m], "--save-dir", str(out / "pretrain" / m)]
+            for m in archs}
+
+
+def cls_similarity(model_dir: Path, texts, lengths, pairs: int, seed: int):
+    """Mean cosine of [CLS] vectors of random pairs of token windows of each length.
+
+    Windows are cut from the token stream of ``texts`` (documents concatenated),
+    so a window spans sentence and paragraph boundaries like pre-training
+    blocks do; each input is [CLS] + L-2 tokens + </s>.
+    """
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    max_len = model.config.max_position_embeddings - (tok.pad_token_id + 1 if model.config.model_type in (
+        "xlm-roberta", "roberta") else 0)
+    stream = [i for t in texts for i in tok(t, add_special_tokens=False)["input_ids"]]
+    rng = np.random.default_rng(seed)
+    out, notes = {}, []
+    for L in lengths:
+        if L > max_len:
+            notes.append(f"{L}: skipped, above the model's {max_len} positions")
+            continue
+        if L - 2 > len(stream):
+            notes.append(f"{L}: skipped, corpus has only {len(stream)} tokens")
+            continue
+        starts = rng.integers(0, len(stream) - (L - 2) + 1, size=(pairs, 2))
+        ids = torch.tensor([[tok.cls_token_id, *stream[s:s + L - 2], tok.sep_token_id] for s in starts.ravel()])
+        vecs = []
+        with torch.inference_mode():
+            for chunk in ids.split(32):
+                vecs.append(model(input_ids=chunk, attention_mask=torch.ones_like(chunk)).last_hidden_state[:, 0])
+        v = torch.nn.functional.normalize(torch.cat(vecs).float(), dim=-1).view(pairs, 2, -1)
+        out[L] = float((v[:, 0] * v[:, 1]).sum(-1).mean())
+    return out, notes, max_len
+
+
+def corpus_documents(path: Path):
+    return [" ".join(p.strip() for p in d.splitlines() if p.strip())
+            for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+
+
+def fmt(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def fmt_p(p):
+    return "-" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_start = time.time()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    models = [m for m in args.models.split(",") if m]
+    unknown = set(models) - set(MODELS)
+    if unknown:
+        raise SystemExit(f"error: unknown --models {sorted(unknown)}; choose from {MODELS}")
+    stages = Stages(out, args.force_stage)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
+    times = {}
+
+    # 1. sentencepiece + fairseq binarisation, shared by all models
+    t0 = time.time()
+    data_bin = out / "data-bin"
+    if not stages.done("data", data_bin / "preprocess.json"):
+        sh([sys.executable, "-m", "preprocess.build", "--text", args.corpus, "--out", data_bin, "--force",
+            "--vocab-size", args.vocab_size, "--workers", min(2, args.threads) or 1,
+            "--valid-docs", args.valid_docs, "--test-docs", 0, "--seed", args.seed], out / "logs" / "data.log", env)
+    times["data"] = time.time() - t0
+
+    # 2. pre-training: identical except the decoder
+    cmds = pretrain_commands(args, data_bin, out)
+    for m in models:
+        t0 = time.time()
+        ckpt = out / "pretrain" / m / "checkpoint_last.pt"
+        if not stages.done("pretrain", ckpt):
+            (out / "pretrain" / m).mkdir(parents=True, exist_ok=True)
+            for old in (out / "pretrain" / m).glob("*.pt"):
+                old.unlink()  # fairseq would resume from them
+            sh(cmds[m], out / "logs" / f"pretrain_{m}.log", env)
+        times[f"pretrain_{m}"] = time.time() - t0
+
+    # 3. export
+    hf = {m: out / "hf" / m for m in models}
+    for m in models:
+        if not stages.done("export", hf[m] / "config.json"):
+            sh([sys.executable, REPO / "examples" / "export_to_hf.py", "--checkpoint",
+                out / "pretrain" / m / "checkpoint_last.pt", "--data", data_bin, "--out", hf[m], "--force"],
+               out / "logs" / f"export_{m}.log", env)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+
+    # 4. Figure 1b / 5: [CLS] similarity of random text pairs, before fine-tuning
+    t0 = time.time()
+    lengths = [int(x) for x in args.cos_lengths.split(",") if x]
+    sim_file = out / "cls_similarity.json"
+    sims = json.loads(sim_file.read_text()) if stages.done("similarity", sim_file) else {}
+    if set(sims) != set(models):
+        docs = corpus_documents(Path(args.corpus))
+        for m in models:
+            s, notes, max_len = cls_similarity(hf[m], docs, lengths, args.cos_pairs, args.seed)
+            sims[m] = {"cosine": {str(k): v for k, v in s.items()}, "notes": notes, "max_positions": max_len}
+        sim_file.write_text(json.dumps(sims, indent=2) + "\n")
+    times["similarity"] = time.time() - t0
+
+    # 5. retrieval set
+    if args.retrieval_data:
+        rdir = Path(args.retrieval_data)
+        design = f"given: {rdir}"
+    else:
+        rdir = out / "retrieval"
+        if not stages.done("retrieval", rdir / "qrels" / "test.tsv"):
+            st = derive_retrieval_set(args.corpus, rdir, seed=args.seed)
+            (rdir / "stats.json").write_text(json.dumps(st.__dict__, indent=2) + "\n")
+        st = json.loads((rdir / "stats.json").read_text())
+        design = (f"derived from {Path(args.corpus).name}: {st['passages']} passages (paragraphs), "
+                  f"queries = one removed sentence per paragraph, split by document: "
+                  + ", ".join(f"{k} {v}" for k, v in st["queries"].items()))
+    train = load_data(rdir, args.train_split)
+    test = load_data(rdir, args.test_split)
+    dev = None if args.dev_split == "none" else load_data(rdir, args.dev_split)
+
+    runs_dir = out / "runs"
+    runs_dir.mkdir(exist_ok=True)
+    bm25_run = runs_dir / "bm25.trec"
+    if not stages.done("finetune", bm25_run):
+        write_trec_run(BM25(test.corpus).retrieve({q: test.queries[q] for q in test.query_ids()}, k=args.k),
+                       bm25_run, tag="bm25")
+
+    # 6. identical fine-tuning and evaluation
+    cfg = FinetuneConfig(negatives=args.negatives, loss=args.loss, train_fraction=args.train_fraction,
+                         seed=args.seed, batch_size=args.ft_batch_size, lr=args.ft_lr, epochs=args.ft_epochs,
+                         num_negatives=args.num_negatives, eval_every=args.eval_every,
+                         encode_batch_size=args.encode_batch_size, index=args.index, show_progress=False)
+    device = "cuda" if args.gpu else "cpu"
+    zero_shot = {}
+    for m in models:
+        t0 = time.time()
+        ft_dir = out / "finetuned" / m
+        run_file = runs_dir / f"{m}.trec"
+        zs_file = runs_dir / f"{m}.zeroshot.trec"
+        if not stages.done("finetune", run_file):
+            model = load_model(hf[m], device, args.max_seq_length)
+            _, zs_run = evaluate_model(model, test, k=args.k, batch_size=args.encode_batch_size,
+                                       index=args.index, show_progress=False)
+            write_trec_run(zs_run, zs_file, tag=f"{m}-zeroshot")
+            log(f"fine-tuning {m}")
+            ft_dir.mkdir(parents=True, exist_ok=True)
+            summary = finetune(model, train, cfg, dev=dev, curve_path=ft_dir / "curve.jsonl" if dev else None)
+            model.save(str(ft_dir))
+            (ft_dir / "finetune.json").write_text(json.dumps({k: v for k, v in summary.items()}, indent=2))
+            _, run = evaluate_model(model, test, k=args.k, batch_size=args.encode_batch_size,
+                                    index=args.index, show_progress=False)
+            write_trec_run(run, run_file, tag=m)
+        zero_shot[m] = evaluate(test.qrels, read_trec_run(zs_file))
+        times[f"finetune_{m}"] = time.time() - t0
+
+    # 7. table
+    runs = {m: read_trec_run(runs_dir / f"{m}.trec") for m in models}
+    runs_bm25 = read_trec_run(bm25_run)
+    results = {"bm25": {"metrics": evaluate(test.qrels, runs_bm25)}}
+    for m in models:
+        results[m] = {"metrics": evaluate(test.qrels, runs[m]), "zero_shot": zero_shot[m],
+                      "cls_cosine": sims[m]["cosine"]}
+        if "mlm" in runs and m != "mlm":
+            results[m]["p_vs_mlm"] = compare(test.qrels, runs[m], runs["mlm"], n_resamples=args.resamples,
+                                             seed=args.seed)
+    if "mlm" in runs:
+        results["bm25"]["p_vs_mlm"] = compare(test.qrels, runs_bm25, runs["mlm"], n_resamples=args.resamples,
+                                              seed=args.seed)
+
+    n_q = len(test.query_ids())
+    lines = [
+        f"Retrieval ({args.test_split}, {n_q} queries, {len(test.corpus)} passages; {design})",
+        f"pre-training: {args.updates} updates x {args.batch_size * args.update_freq} x {args.tokens_per_sample} "
+        f"tokens, seed {args.seed}; fine-tuning: {args.negatives} negatives, {args.loss} loss, "
+        f"{args.ft_epochs} epochs, batch {args.ft_batch_size}, lr {args.ft_lr}",
+        "",
+        "| model | MRR@10 | R@100 | nDCG@10 | p (MRR@10 vs MLM only) | MRR@10 before fine-tuning |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in ["bm25", *models]:
+        r = results[m]
+        label = "BM25 (bm25s)" if m == "bm25" else LABELS[m]
+        p = r.get("p_vs_mlm", {}).get("MRR@10")
+        zs = r.get("zero_shot", {}).get("MRR@10")
+        lines.append(f"| {label} | {fmt(r['metrics']['MRR@10'])} | {fmt(r['metrics']['R@100'])} | "
+                     f"{fmt(r['metrics']['nDCG@10'])} | {fmt_p(p)} | {fmt(zs)} |")
+    lines += ["", "Mean [CLS] cosine of random text pairs before fine-tuning (paper Fig. 1b / 5; lower = more diverse)",
+              "", "| model | " + " | ".join(f"{L} tokens" for L in lengths) + " |",
+              "| --- |" + " --- |" * len(lengths)]
+    for m in models:
+        cos = sims[m]["cosine"]
+        cells = [fmt(cos[str(L)]) + ("*" if L > args.tokens_per_sample else "") if str(L) in cos else "skipped"
+                 for L in lengths]
+        lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+    notes = sorted({n for m in models for n in sims[m]["notes"]})
+    if notes:
+        lines.append("")
+        lines.append("lengths " + "; ".join(notes))
+    if any(L > args.tokens_per_sample for L in lengths if any(str(L) in sims[m]["cosine"] for m in models)):
+        lines.append(f"* longer than the pre-training blocks ({args.tokens_per_sample} tokens): "
+                     "those positions were never trained")
+    times["total"] = time.time() - t_start
+    lines += ["", "wall-clock seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items())]
+    table = "\n".join(lines)
+    (out / "results.md").write_text(table + "\n")
+    (out / "results.json").write_text(json.dumps({"results": results, "times": times, "args": vars(args)},
+                                                 indent=2) + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
