@@ -105,8 +105,10 @@ class SeedPretrainTask(MaskedLMTask):
         which we can read off the dictionary the data was binarized with.
         """
         d = self.source_dictionary
+        # specials and <mask> stand alone; byte-fallback pieces (<0xNN>)
+        # continue the word their "▁" piece started
         starts = [
-            i < d.nspecial or sym.startswith(WORD_START) or sym.startswith("<")
+            i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START)
             for i, sym in enumerate(d.symbols)
         ]
         return torch.ByteTensor(starts)
