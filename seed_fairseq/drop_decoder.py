@@ -126,7 +126,8 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
     except ValueError as e:
         raise ValueError(f"{checkpoint}: {e}") from e
 
-    models, _ = checkpoint_utils.load_model_ensemble([checkpoint], arg_overrides=overrides)
+    # the state read above (drop_decoder cloned what it kept), not a second read of the file
+    models, _ = checkpoint_utils.load_model_ensemble([checkpoint], arg_overrides=overrides, state=state)
     full = models[0].eval()
     out_dir = os.path.dirname(os.path.abspath(out))
     os.makedirs(out_dir, exist_ok=True)

@@ -243,7 +243,10 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
     hf_model.load_state_dict(hf_state, strict=True)
     tokenizer = build_tokenizer(Path(data) / "spm.model", record, max_len)
 
-    (fs_model,), _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], arg_overrides={"data": str(data)})
+    # reuse the state read by load_inputs (hf_state holds clones) instead of reading the file again
+    (fs_model,), _ = checkpoint_utils.load_model_ensemble(
+        [str(checkpoint)], arg_overrides={"data": str(data)}, state=state
+    )
     fs_model.eval()
     texts = _check_texts(sp, data)
     diff = verify(fs_model, hf_model, tokenizer, sp, dictionary, record, texts, max_len, atol, with_lm_head)
