@@ -130,3 +130,25 @@ def test_window_below_one_on_the_command_line(demo_data_bin, tmp_path):
     proc = run(train_cmd(demo_data_bin, tmp_path, "--decoder-attention-window", "0", max_update=1))
     assert proc.returncode != 0
     assert "window must be an integer >= 1 or 'full', got 0" in proc.stderr
+
+
+def test_iterator_resumes_mid_epoch_at_the_saved_position(loaded):
+    """What fairseq records in a checkpoint brings the wrapped iterator back to the same batch."""
+    dataset = loaded.dataset("train")
+
+    def fresh():
+        return loaded.get_batch_iterator(dataset, max_sentences=4, seed=1, disable_iterator_cache=True)
+
+    first = fresh()
+    epoch = first.next_epoch_itr(shuffle=True)
+    for _ in range(6):
+        next(epoch)
+    state = first.state_dict()
+    rest = [s["id"].tolist() for s in epoch]
+
+    second = fresh()
+    second.load_state_dict(state)
+    resumed = second.next_epoch_itr(shuffle=True)
+    assert resumed.n == 6 and len(resumed) == len(epoch)
+    assert [s["id"].tolist() for s in resumed] == rest
+    assert not resumed.has_next() and second.end_of_epoch()
