@@ -25,9 +25,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="seed_pretrain checkpoint or encoder-only checkpoint")
     p.add_argument("--data", required=True, help="folder with dict.txt, spm.model and preprocess.json")
-    p.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
+    p.add_argument("--out", required=True, help="output folder (missing, empty, or an earlier export)")
     p.add_argument("--mlm-head", action="store_true", help="export XLMRobertaForMaskedLM with the MLM head")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier export in --out (a folder holding seed_fairseq_export.json); "
+                        "any other non-empty folder is refused, with or without --force")
     p.add_argument("--atol", type=float, default=1e-5, help="max abs difference allowed vs fairseq (fp32)")
     args = p.parse_args(argv)
     try:

@@ -20,10 +20,34 @@ idempotent.
    backend instead, which makes multi-process data-parallel training testable
    on CPU (use ``--ddp-backend legacy_ddp`` there; PyTorch's DDP wrapper in
    fairseq passes CUDA ``device_ids``).
+
+3. Atomic checkpoints.  fairseq writes the first checkpoint of a save under a
+   temporary name but then copies it onto ``checkpoint_last.pt`` (and
+   ``checkpoint_best.pt`` ...) in place: a kill during that copy leaves a
+   truncated ``checkpoint_last.pt`` and the same command no longer restarts.
+   Every checkpoint name is now written to a temporary file in the same folder,
+   fsync'ed and renamed.
+
+4. Restarts that always work.  When ``fairseq-train`` resumes from its default
+   ``checkpoint_last.pt`` and that file is missing or unreadable while other
+   checkpoints of the run exist (or one of them is newer), it resumes from the
+   newest readable one and says so.  An explicit ``--restore-file`` that does
+   not exist is an error (fairseq would silently train from scratch).  Before
+   any weight is loaded the task checks the checkpoint against the data
+   (``check_checkpoint``: dictionary size and identity), so the last line of a
+   refused restore names the true cause.
+
+5. A watchdog for ``torchrun`` workers: when the launcher is killed (even with
+   SIGKILL) its workers notice that their parent is gone and stop, instead of
+   training on and writing checkpoints nobody waits for.
 """
 
+import functools
 import logging
 import os
+import signal
+import threading
+import time
 import types
 
 import torch
@@ -75,6 +99,36 @@ def _cpu_safe_torch_distributed_launch_init(cfg):
             cfg.distributed_backend = "gloo"
     # processes are created by torchrun / torch.distributed.launch
     cfg.distributed_no_spawn = True
+    start_launcher_watchdog()
+
+
+WATCHDOG_INTERVAL = 2.0  # seconds between checks that the launcher is alive
+_watchdog_started = False
+
+
+def start_launcher_watchdog(interval: float = WATCHDOG_INTERVAL):
+    """Stop this worker when the process that launched it (torchrun) is gone.
+
+    A killed parent's children are re-parented, so ``os.getppid()`` changes;
+    the worker then terminates itself (SIGTERM, SIGKILL after a grace period).
+    Checkpoints are written atomically, so stopping at any point is safe.
+    """
+    global _watchdog_started
+    if _watchdog_started:
+        return
+    _watchdog_started = True
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                logger.error(f"the launcher (pid {parent}) is gone: stopping worker {os.getpid()}")
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10 * interval)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="seed_fairseq-launcher-watchdog", daemon=True).start()
 
 
 def _install_cpu_distributed_launch():
@@ -85,9 +139,114 @@ def _install_cpu_distributed_launch():
     )
 
 
+class _AtomicPathManager:
+    """fairseq's ``PathManager`` inside ``checkpoint_utils`` with an atomic ``copy``."""
+
+    def __init__(self, path_manager):
+        self._pm = path_manager
+
+    def __getattr__(self, name):
+        return getattr(self._pm, name)
+
+    def copy(self, src_path, dst_path, overwrite=False):
+        if "://" in str(dst_path) or "://" in str(src_path):  # remote storage: fairseq's own copy
+            return self._pm.copy(src_path, dst_path, overwrite)
+        if os.path.exists(dst_path) and not overwrite:
+            return False
+        from .fileio import copy_atomic
+
+        copy_atomic(src_path, dst_path)
+        return True
+
+
+def _atomic_torch_persistent_save(obj, filename, async_write: bool = False):
+    if async_write or not isinstance(filename, (str, os.PathLike)) or "://" in str(filename):
+        return _original_torch_persistent_save(obj, filename, async_write)
+    from .checkpoint import save_atomic
+
+    for attempt in range(3):  # fairseq retries transient write errors too
+        try:
+            save_atomic(obj, filename)
+            return
+        except OSError:
+            if attempt == 2:
+                raise
+            time.sleep(2.5)
+
+
+_original_torch_persistent_save = None
+
+
+def _install_atomic_checkpoint_writes():
+    global _original_torch_persistent_save
+    from fairseq import checkpoint_utils
+
+    if not isinstance(checkpoint_utils.PathManager, _AtomicPathManager):
+        checkpoint_utils.PathManager = _AtomicPathManager(checkpoint_utils.PathManager)
+    if checkpoint_utils.torch_persistent_save is not _atomic_torch_persistent_save:
+        _original_torch_persistent_save = checkpoint_utils.torch_persistent_save
+        checkpoint_utils.torch_persistent_save = _atomic_torch_persistent_save
+
+
+def _resolve_restore_file(trainer, filename):
+    """The checkpoint a (re)start should load; see point 4 of the module docstring."""
+    from .checkpoint import CheckpointError, newest_readable_checkpoint, peek_checkpoint
+
+    ckpt_cfg = trainer.cfg.checkpoint
+    suffix = trainer.checkpoint_suffix
+    default = os.path.join(ckpt_cfg.save_dir, f"checkpoint_last{suffix}.pt")
+    if os.path.abspath(filename) != os.path.abspath(default):
+        if ckpt_cfg.restore_file != "checkpoint_last.pt" and not os.path.isfile(filename) \
+                and "://" not in str(filename):
+            raise CheckpointError(filename, "--restore-file not found (fairseq would silently train from scratch)")
+        return filename
+    best, bad = newest_readable_checkpoint(ckpt_cfg.save_dir, suffix, prefer=default)
+    if best is None:
+        if os.path.exists(default):  # the only checkpoint, and it is damaged
+            peek_checkpoint(default)  # raises with the problem
+        return filename  # a first launch
+    if os.path.abspath(best) != os.path.abspath(default):
+        why = f"{default} is missing" if not os.path.exists(default) else f"{best} is newer than {default}"
+        for problem in bad:
+            if problem.startswith(default):
+                why = problem
+        logger.warning(f"restarting from {best}: {why}")
+    return str(best)
+
+
+def _install_checkpoint_restore_guard():
+    from fairseq.trainer import Trainer
+
+    if getattr(Trainer.load_checkpoint, "_seed_fairseq_guard", False):
+        return
+    original = Trainer.load_checkpoint
+
+    @functools.wraps(original)
+    def load_checkpoint(self, filename, *args, **kwargs):
+        from .checkpoint import CheckpointError, peek_checkpoint
+
+        filename = _resolve_restore_file(self, filename)
+        check = getattr(self.task, "check_checkpoint", None)
+        if check is not None and os.path.isfile(filename):
+            check(peek_checkpoint(filename), filename)
+        try:
+            return original(self, filename, *args, **kwargs)
+        except Exception as e:
+            # fairseq replaces any error of model loading by "please ensure that
+            # the architectures match": surface the plugin's own explanation
+            if isinstance(e.__context__, CheckpointError):
+                raise e.__context__ from None
+            raise
+
+    load_checkpoint._seed_fairseq_guard = True
+    Trainer.load_checkpoint = load_checkpoint
+
+
 def install():
     _install_trusted_checkpoint_loading()
     _install_cpu_distributed_launch()
+    _install_atomic_checkpoint_writes()
+    _install_checkpoint_restore_guard()
 
 
 install()

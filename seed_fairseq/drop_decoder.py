@@ -14,34 +14,27 @@ input; the file appears (atomically, via rename) only if they match.
 """
 
 import argparse
-import copy
 import dataclasses
 import logging
-import os
-import pickle
 import sys
-import tempfile
+from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+
+from .checkpoint import (
+    CheckpointError,
+    check_dictionary,
+    peek_checkpoint,
+    plain_config,
+    read_checkpoint,
+    recorded_data_dir,
+)
+from .fileio import OutputError, atomic_path
 
 logger = logging.getLogger("seed_fairseq.drop_decoder")
 
 DECODER_PREFIX = "weak_decoder."
 MODEL_KEYS_ONLY_FOR_DECODER = ("decoder_",)
-
-
-def plain_config(cfg):
-    """Config -> plain dicts/lists (fairseq keeps argparse models' config as a Namespace)."""
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    if isinstance(cfg, argparse.Namespace):
-        cfg = vars(cfg)
-    if isinstance(cfg, dict):
-        return {k: plain_config(v) for k, v in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return [plain_config(v) for v in cfg]
-    return copy.deepcopy(cfg)
 
 
 def drop_decoder(state: dict) -> dict:
@@ -94,6 +87,8 @@ def drop_decoder(state: dict) -> dict:
             {"criterion_name": "MaskedLmLoss", "optimizer_name": "none",
              "lr_scheduler_state": {"best": None}, "num_updates": num_updates}
         ],
+        # the dictionary identity the export and later restores check
+        "task_state": dict(state.get("task_state") or {}),
         "extra_state": {
             "epoch": 1,
             "train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True, "version": 2},
@@ -109,33 +104,49 @@ def _encoder_features(model, tokens):
     return features
 
 
+def _is_own_output(path) -> bool:
+    """Is ``path`` an encoder-only checkpoint this tool wrote (so it may be replaced)?"""
+    try:
+        state = peek_checkpoint(path)
+    except CheckpointError:
+        return False
+    return ((state.get("extra_state") or {}).get("seed_fairseq") or {}).get("source") == "drop_decoder"
+
+
 def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
-    """Load CHECKPOINT (plugin imported), drop the decoder, verify, write OUT atomically."""
+    """Load CHECKPOINT (plugin imported), drop the decoder, verify, write OUT atomically.
+
+    OUT may be replaced only when it is an earlier output of this tool.
+    """
     import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
     from fairseq import checkpoint_utils
+    from fairseq.data import Dictionary
 
-    if not os.path.isfile(checkpoint):
-        raise FileNotFoundError(f"{checkpoint}: checkpoint not found")
-    overrides = {"data": data} if data else None
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
-    except (KeyError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{checkpoint}: not a readable fairseq checkpoint ({e!r})") from e
+    out = Path(out)
+    if out.is_dir():
+        raise OutputError(out, "is a folder; give the path of the .pt file to write")
+    if out.exists() and not _is_own_output(out):
+        raise OutputError(out, "exists and was not written by seed-drop-decoder; refusing to replace it")
+    state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)} if data else None)
     try:
         encoder_state = drop_decoder(state)
     except ValueError as e:
-        raise ValueError(f"{checkpoint}: {e}") from e
+        raise CheckpointError(checkpoint, str(e)) from e
+    data_dir = recorded_data_dir(state)  # --data when given (overridden above)
+    dict_path = data_dir / "dict.txt" if data_dir is not None else None
+    if dict_path is None or not dict_path.is_file():
+        raise CheckpointError(dict_path or checkpoint,
+                              "dictionary not found; pass --data with the folder the model was trained on")
+    dictionary = Dictionary.load(str(dict_path))
+    dictionary.add_symbol("<mask>")
+    check_dictionary(state, checkpoint, dict_path, len(dictionary))
 
     # the state read above (drop_decoder cloned what it kept), not a second read of the file
-    models, _ = checkpoint_utils.load_model_ensemble([checkpoint], arg_overrides=overrides, state=state)
+    models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], state=state)
     full = models[0].eval()
-    out_dir = os.path.dirname(os.path.abspath(out))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".drop_decoder.", suffix=".pt", dir=out_dir)
-    os.close(fd)
-    try:
+    with atomic_path(out, suffix=".pt") as tmp:
         torch.save(encoder_state, tmp)
-        encoder_models, _ = checkpoint_utils.load_model_ensemble([tmp], arg_overrides=overrides)
+        encoder_models, _ = checkpoint_utils.load_model_ensemble([str(tmp)], arg_overrides={"data": str(data_dir)})
         encoder = encoder_models[0].eval()
         if type(encoder).__name__ != "RobertaModel":
             raise RuntimeError(f"encoder-only checkpoint loaded as {type(encoder).__name__}")
@@ -147,10 +158,6 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
         diff = (_encoder_features(full, tokens) - _encoder_features(encoder, tokens)).abs().max().item()
         if diff > atol:
             raise RuntimeError(f"encoder features differ after dropping the decoder (max abs diff {diff:g})")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     logger.info(f"wrote {out}: encoder-only RoBERTa checkpoint (features match, max abs diff {diff:.2e})")
     return out
 
@@ -164,7 +171,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         write_encoder_checkpoint(args.checkpoint, args.out, data=args.data)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (CheckpointError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

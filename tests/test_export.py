@@ -177,12 +177,48 @@ def test_vocabulary_that_does_not_match_the_checkpoint(checkpoint, tmp_path):
     assert not (tmp_path / "out").exists() and _no_partial_output(tmp_path)
 
 
+def test_same_size_foreign_vocabulary_is_refused(checkpoint, data, tmp_path):
+    """Same number of pieces, other pieces: the ids would not match the embeddings."""
+    docs = DEMO_CORPUS.read_text(encoding="utf-8").split("\n\n")
+    text = tmp_path / "half.txt"
+    text.write_text("\n\n".join(docs[len(docs) // 2:]), encoding="utf-8")
+    other = tmp_path / "other"
+    check([sys.executable, "-m", "preprocess.build", "--text", text, "--out", other, "--vocab-size", "1000",
+           "--workers", "1", "--valid-docs", "2", "--test-docs", "2"], cwd=REPO)
+    assert len((other / "dict.txt").read_text().splitlines()) == len((data / "dict.txt").read_text().splitlines())
+    proc = export(checkpoint, other, tmp_path / "out")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {checkpoint}: trained with a different dictionary than {other}/dict.txt"), last
+    assert not (tmp_path / "out").exists() and _no_partial_output(tmp_path)
+
+
+def test_export_respects_the_umask(checkpoint, data, tmp_path):
+    import subprocess
+
+    out = tmp_path / "hf"
+    proc = subprocess.run([sys.executable, EXPORT, "--checkpoint", str(checkpoint), "--data", str(data),
+                           "--out", str(out)], capture_output=True, text=True, env=dict(os.environ, **OFFLINE),
+                          preexec_fn=lambda: os.umask(0o007), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modes = {p.relative_to(out).as_posix(): os.stat(p).st_mode & 0o777 for p in [out, *out.rglob("*")]}
+    assert modes["."] == 0o770 and modes["model.safetensors"] == 0o660, modes
+    assert set(modes.values()) == {0o770, 0o660}, modes
+
+
 def test_existing_output_needs_force(checkpoint, data, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    # a folder the export did not write is never touched, with or without --force
+    for extra in ((), ("--force",)):
+        proc = export(checkpoint, data, out, *extra)
+        assert proc.returncode == 2 and f"{out}: folder is not empty and was not written by" in proc.stderr
+        assert os.listdir(out) == ["keep.txt"] and _no_partial_output(tmp_path)
+    out = tmp_path / "out2"
+    assert export(checkpoint, data, out).returncode == 0
     proc = export(checkpoint, data, out)
-    assert proc.returncode == 2 and f"{out}: exists and is not empty; pass --force" in proc.stderr
-    assert os.listdir(out) == ["keep.txt"] and _no_partial_output(tmp_path)
+    assert proc.returncode == 2 and f"{out}: holds an earlier export; pass --force" in proc.stderr
     assert export(checkpoint, data, out, "--force").returncode == 0
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+    assert (out / "model.safetensors").exists() and (out / "seed_fairseq_export.json").exists()
+    assert _no_partial_output(tmp_path)

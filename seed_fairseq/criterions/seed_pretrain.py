@@ -52,6 +52,13 @@ def _global_counts(sample, pad):
     return counts
 
 
+def _ppl(meters):
+    # a log interval whose batches had no masked token has an mlm_loss meter
+    # without a value (avg None): no perplexity then, not a crash
+    avg = meters["mlm_loss"].avg if "mlm_loss" in meters else None
+    return 2 ** avg if avg is not None else float("nan")
+
+
 @register_criterion("seed_pretrain", dataclass=SeedPretrainCriterionConfig)
 class SeedPretrainCriterion(FairseqCriterion):
     def __init__(self, task, mlm_weight=0.5, decoder_weight=0.5):
@@ -141,7 +148,7 @@ class SeedPretrainCriterion(FairseqCriterion):
             if n_dec > 0:
                 loss += total("dec_weight") / nlogs * total("dec_nll") / n_dec
             metrics.log_scalar("loss", loss / math.log(2), 1, round=3)
-        metrics.log_derived("mlm_ppl", lambda m: 2 ** m["mlm_loss"].avg if "mlm_loss" in m else float("nan"))
+        metrics.log_derived("mlm_ppl", _ppl)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

@@ -13,12 +13,13 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from ..drop_decoder import plain_config
+from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
+from ..dictionary import dictionary_sha256
+from ..fileio import OutputError, check_output_dir, replace_dir, temp_dir_beside, write_json_atomic
 from .keymap import fairseq_to_hf
 from .tokenizer import build_tokenizer, fairseq_encode
 
@@ -36,6 +37,19 @@ CHECK_STRINGS = [
 
 class ExportError(ValueError):
     pass
+
+
+# written last into every export: the folder is this tool's own (see fileio.check_output_dir)
+EXPORT_RECORD = "seed_fairseq_export.json"
+
+
+def _chmod_tree(root: Path) -> None:
+    """Library writers (transformers, sentence-transformers) may create files
+    with tempfile's 0600: give everything the umask's permissions."""
+    from ..fileio import dir_mode, file_mode
+
+    for p in [root, *root.rglob("*")]:
+        os.chmod(p, dir_mode() if p.is_dir() else file_mode())
 
 
 def _architecture_problems(m):
@@ -67,21 +81,18 @@ ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_accurate": "gelu_new", "tan
 def load_inputs(checkpoint, data):
     """Checkpoint, its model config, the data's dictionary/spm/normalisation record."""
     import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
-    from fairseq import checkpoint_utils
     from fairseq.data import Dictionary
 
     checkpoint, data = Path(checkpoint), Path(data)
-    if not checkpoint.is_file():
-        raise ExportError(f"{checkpoint}: checkpoint not found")
     for name in ("dict.txt", "spm.model", "preprocess.json"):
         if not (data / name).is_file():
             raise ExportError(
                 f"{data / name}: not found; --data must be the folder written by python -m preprocess.build"
             )
     try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), arg_overrides={"data": str(data)})
-    except Exception as e:  # fairseq raises many kinds on a foreign file
-        raise ExportError(f"{checkpoint}: not a readable fairseq checkpoint ({e!r})") from e
+        state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)})
+    except CheckpointError as e:
+        raise ExportError(str(e)) from e
     cfg = plain_config(state.get("cfg") or {})
     model_cfg = cfg.get("model") or {}
     name = model_cfg.get("_name") or model_cfg.get("arch")
@@ -104,6 +115,15 @@ def load_inputs(checkpoint, data):
             f"{data / 'dict.txt'}: gives {len(dictionary)} symbols (with specials and <mask>) but the "
             f"checkpoint's embedding has {rows} rows: not the data this model was trained on"
         )
+    record_all = json.loads((data / "preprocess.json").read_text())
+    recorded = (record_all.get("fairseq_dictionary") or {}).get("sha256")
+    if recorded and recorded != dictionary_sha256(data / "dict.txt"):
+        raise ExportError(f"{data / 'dict.txt'}: does not match the dictionary {data / 'preprocess.json'} "
+                          "records (the folder was changed after it was built)")
+    try:
+        check_dictionary(state, checkpoint, data / "dict.txt", len(dictionary))
+    except CheckpointError as e:
+        raise ExportError(str(e)) from e
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
@@ -113,7 +133,7 @@ def load_inputs(checkpoint, data):
             f"{data / 'spm.model'}: its pieces do not match {data / 'dict.txt'} under the XLM-R id rule "
             f"(spm has {sp.get_piece_size()} pieces, the dictionary {len(dictionary)} symbols)"
         )
-    record = json.loads((data / "preprocess.json").read_text())["normalization"]
+    record = record_all["normalization"]
     return state, cfg, model_cfg, dictionary, sp, record
 
 
@@ -232,8 +252,12 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, XLMRobertaForMaskedLM, XLMRobertaModel
 
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ExportError(f"{out}: exists and is not empty; pass --force to replace it")
+    try:
+        earlier = check_output_dir(out, EXPORT_RECORD, "examples/export_to_hf.py")
+    except OutputError as e:
+        raise ExportError(str(e)) from e
+    if earlier and not force:
+        raise ExportError(f"{out}: holds an earlier export; pass --force to replace it")
     state, cfg, model_cfg, dictionary, sp, record = load_inputs(checkpoint, data)
     max_len = model_cfg["max_positions"]
 
@@ -253,7 +277,7 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
     logger.info(f"fairseq vs HF: ids equal on {len(texts)} strings, max abs diff {diff:.2e}")
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging = temp_dir_beside(out)
     try:
         hf_model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
@@ -268,9 +292,16 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
         auto = (AutoModelForMaskedLM if with_lm_head else AutoModel).from_pretrained(staging).eval()
         verify(fs_model, auto, AutoTokenizer.from_pretrained(staging), sp, dictionary, record,
                texts, max_len, atol, with_lm_head)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(staging, out)
+        # the record last: it is what makes the folder this tool's own (--force may replace it)
+        write_json_atomic(staging / EXPORT_RECORD, {
+            "tool": "seed_fairseq.hf.export", "checkpoint": str(Path(checkpoint).resolve()),
+            "data": str(Path(data).resolve()), "dictionary_sha256": dictionary_sha256(Path(data) / "dict.txt"),
+            "with_lm_head": with_lm_head, "max_abs_diff": diff,
+            "files": sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+            + [EXPORT_RECORD],
+        })
+        _chmod_tree(staging)
+        replace_dir(staging, out)
     finally:
         if staging.exists():
             shutil.rmtree(staging)

@@ -20,6 +20,7 @@ from fairseq.models.transformer import transformer_legacy
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
+from ..checkpoint import CheckpointError
 from ..modules.windowed_decoder import FULL, WindowedTransformerDecoder, parse_window
 
 logger = logging.getLogger(__name__)
@@ -166,8 +167,8 @@ class SeedEncoderModel(RobertaModel):
         embed = state_dict.get(prefix + EMBED_KEY)
         n_symbols = len(self.encoder.dictionary)
         if embed is not None and embed.size(0) != n_symbols:
-            raise ValueError(
-                f"dictionary size mismatch: the checkpoint's token embedding has "
+            raise CheckpointError(
+                "checkpoint", f"dictionary size mismatch: the checkpoint's token embedding has "
                 f"{embed.size(0)} rows but the data's dict.txt gives {n_symbols} symbols "
                 f"(including specials and <mask>); train/load with the dict.txt the "
                 f"checkpoint was trained with"

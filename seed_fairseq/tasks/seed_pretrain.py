@@ -34,7 +34,9 @@ from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 from omegaconf import II
 
+from ..checkpoint import DICTIONARY_SHA256, check_dictionary
 from ..data.shift_tokens_dataset import ShiftTokensDataset
+from ..dictionary import dictionary_sha256
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,14 @@ class SeedPretrainConfig(MaskedLMConfig):
         default=512,
         metadata={"help": "encoder input length including [CLS] (paper: 512)"},
     )
+    allow_dictionary_change: bool = field(
+        default=False,
+        metadata={
+            "help": "restore a checkpoint trained with another dict.txt of the same size "
+            "(a deliberate vocabulary change: each id keeps its embedding row); without it "
+            "such a restore is refused"
+        },
+    )
     # Read from fairseq's optimisation config so that the criterion can
     # normalise by the token counts of the whole update (see data/update_counts.py).
     update_freq: List[int] = II("optimization.update_freq")
@@ -79,6 +89,24 @@ class SeedPretrainTask(MaskedLMTask):
                 "--d2v2-multi / --include-target-tokens / --skip-masking"
             )
         super().__init__(cfg, dictionary)
+        self.dict_path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
+        self.dictionary_sha256 = dictionary_sha256(self.dict_path)
+
+    # -- the dictionary identity travels with every checkpoint (task_state) ------------
+
+    def state_dict(self):
+        return {DICTIONARY_SHA256: self.dictionary_sha256}
+
+    def load_state_dict(self, state_dict):
+        """Called by fairseq's ``load_model_ensemble`` with the checkpoint's task state
+        (the tools that read whole checkpoints call ``check_checkpoint`` themselves)."""
+        if state_dict and state_dict.get(DICTIONARY_SHA256):
+            self.check_checkpoint({"task_state": state_dict}, "the checkpoint")
+
+    def check_checkpoint(self, state, filename):
+        """Refuse a checkpoint trained with another dictionary (size or symbols)."""
+        check_dictionary(state, filename, self.dict_path, len(self.source_dictionary),
+                         allow_change=self.cfg.allow_dictionary_change)
 
     @classmethod
     def load_dict(cls, cfg):
