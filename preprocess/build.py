@@ -3,8 +3,9 @@
     python -m preprocess.build --wiki DUMP.xml.bz2 [--wiki ...] [--books DIR] \\
         [--text FILE] --out data-bin --vocab-size 32768 --workers N
 
-Stages (each leaves ``OUT/.work/<stage>.done`` when finished; a rerun skips
-finished stages and redoes the first unfinished one and everything after it):
+Stages (run by preprocess.stages.Runner; each leaves ``OUT/.work/<stage>.done``
+with its fingerprint, and a rerun redoes exactly the stages whose inputs or
+options changed, see preprocess/README.md):
 
     extract  -> .work/extract/corpus.txt       (normalised documents, one sentence
                                                 or paragraph per line: --line-unit)
@@ -16,174 +17,319 @@ finished stages and redoes the first unfinished one and everything after it):
     finalize -> OUT/... and OUT/preprocess.json, written last: its presence
                 marks a complete folder.
 
-Every file is written under a ``.tmp`` name and renamed when complete.
+Every file is written under a temporary name and renamed when complete
+(seed_fairseq.fileio). ``--out`` must be missing, empty, or hold this tool's
+own record (preprocess.record); nothing else in it is ever written or deleted.
 """
 import argparse
+import contextlib
+import errno
+import fcntl
 import hashlib
-import json
 import logging
 import os
-import platform
 import shutil
 import sys
-import unicodedata
 from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
+from . import record as rec
 from .errors import PreprocessError
+from .record import RECORD, TOOL, WORK
+from .stages import Runner, Stage, fingerprint
 from .text import LINE_UNITS
 
 logger = logging.getLogger("preprocess")
 
 STAGES = ("extract", "split", "vocab", "encode", "binarize", "finalize")
-_STAGE_DIRS = {"extract": "extract", "split": "split", "vocab": "vocab", "encode": "bpe", "binarize": "bin"}
-RECORD = "preprocess.json"
+_HASH_CHUNK = 16 << 20
 
 
-def _write_json_atomic(path, obj):
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
+def _fileio():
+    """seed_fairseq.fileio, imported on first use (after main() set up logging).
+
+    Importing the seed_fairseq package loads fairseq, whose model and task
+    modules call logging.basicConfig(level=DEBUG) at import time; imported at
+    the top of this module, that would replace the log format set in main().
+    The rest of preprocess/ imports fairseq lazily for the same reason.
+    """
+    from seed_fairseq import fileio
+
+    return fileio
 
 
-def _tmp(path):
-    return Path(str(path) + ".tmp")
+def _output_error(path, problem: str) -> Exception:
+    """seed_fairseq.fileio.OutputError: an output location the tool must not write."""
+    return _fileio().OutputError(path, problem)
 
 
-def _versions():
-    from importlib import metadata
+# ---- input identity: content, not path or mtime ----------------------------------------------
 
-    import fairseq
-    import mwparserfromhell
-    import sentencepiece
 
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
     try:
-        blingfire = metadata.version("blingfire")
-    except metadata.PackageNotFoundError:
-        blingfire = None
-    return {
-        "python": platform.python_version(),
-        "fairseq": fairseq.__version__,
-        "sentencepiece": sentencepiece.__version__,
-        "mwparserfromhell": mwparserfromhell.__version__,
-        "blingfire": blingfire,
-        "unicodedata": unicodedata.unidata_version,
-    }
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(_HASH_CHUNK)
+                if not chunk:
+                    break
+                h.update(chunk)
+    except OSError as e:
+        raise PreprocessError(path, f"cannot read it ({e.strerror or e})") from None
+    return h.hexdigest()
 
 
-def _source_fingerprint(kind, path):
-    """Identity of an input for the "same build?" check: path, size, mtime."""
-    p = Path(path).resolve()
-    if kind == "books" and p.is_dir():
+class InputHasher:
+    """sha256 of input files, rehashing only files whose size or mtime changed
+    since they were hashed (``cache``: {resolved path: {bytes, mtime_ns, sha256}})."""
+
+    def __init__(self, cache: Optional[Dict[str, Any]] = None):
+        self.cache = {k: v for k, v in (cache or {}).items() if isinstance(v, dict)}
+        self.used: Dict[str, Dict[str, Any]] = {}
+
+    def file(self, path: Path) -> str:
+        from .text import check_nonempty_file
+
+        # The readers' own checks first: a FIFO or device is refused here,
+        # before open() could block on it.
+        check_nonempty_file(path)
+        key = str(Path(path).resolve())
+        st = os.stat(key)
+        entry = self.cache.get(key)
+        if not (entry and entry.get("bytes") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns
+                and isinstance(entry.get("sha256"), str)):
+            entry = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256_file(Path(path))}
+        self.used[key] = entry
+        return entry["sha256"]
+
+    def source(self, kind: str, path: str) -> str:
+        """Content identity of one --wiki / --books / --text input."""
+        from .text import book_files
+
+        if kind != "books":
+            return self.file(Path(path))
+        root = Path(path)
         h = hashlib.sha256()
-        for f in sorted(p.rglob("*.txt")):
-            st = f.stat()
-            h.update(f"{f.relative_to(p)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        return {"kind": kind, "path": str(p), "files_digest": h.hexdigest()}
-    st = p.stat() if p.exists() else None
-    return {"kind": kind, "path": str(p),
-            "bytes": st.st_size if st else None, "mtime_ns": st.st_mtime_ns if st else None}
+        for f in book_files(root):  # sorted: the order books are read in
+            h.update(f"{f.relative_to(root).as_posix()}\0{self.file(f)}\n".encode("utf-8"))
+        return h.hexdigest()
+
+    def changed_since_hashed(self) -> Optional[str]:
+        """A hashed file whose size or mtime is no longer what it was, if any."""
+        for key, entry in self.used.items():
+            try:
+                st = os.stat(key)
+            except OSError:
+                return key
+            if (st.st_size, st.st_mtime_ns) != (entry["bytes"], entry["mtime_ns"]):
+                return key
+        return None
+
+
+# ---- the build ------------------------------------------------------------------------------------
 
 
 class Build:
     def __init__(self, args):
         self.args = args
         self.out = Path(args.out)
-        self.work = self.out / ".work"
+        self.work = self.out / WORK
         self.sources = ([("wiki", p) for p in args.wiki] + [("books", p) for p in args.books]
                         + [("text", p) for p in args.text])
-        self.split_names = (["valid"] if args.valid_docs else []) + (["test"] if args.test_docs else []) \
-            + [f"train{k}" for k in range(args.shards)]
+        self.hasher: Optional[InputHasher] = None
+        self.identities: List[Dict[str, Any]] = []
+        self.runner: Optional[Runner] = None
+        self._lock_fd: Optional[int] = None
 
-    # ---- configuration / resume bookkeeping -------------------------------------------
+    # ---- identity -------------------------------------------------------------------------
 
-    def config(self):
+    def options(self) -> Dict[str, Any]:
+        """Every option that changes what is written (not --workers, --keep-work ...).
+        --valid-docs/--test-docs are null when not given (chosen from the corpus)."""
         a = self.args
         return {
-            "sources": [_source_fingerprint(k, p) for k, p in self.sources],
             "lowercase": a.lowercase, "nfkc": a.nfkc, "vocab_size": a.vocab_size,
             "byte_fallback": a.byte_fallback, "character_coverage": a.character_coverage,
             "spm_sample_sentences": a.spm_sample_sentences, "valid_docs": a.valid_docs,
             "test_docs": a.test_docs, "shards": a.shards, "seed": a.seed, "skip_bad": a.skip_bad,
-            # What a line is (extract and everything after it) and the piece cap
-            # (encode and after): part of the identity of a build like any other
-            # option, so a build with other values is never resumed or reused.
             "line_unit": a.line_unit, "max_line_pieces": a.max_line_pieces,
         }
 
-    def marker(self, stage):
-        return self.work / f"{stage}.done"
+    def config(self) -> Dict[str, Any]:
+        return dict(self.options(), sources=[{"kind": s["kind"], "sha256": s["sha256"]}
+                                             for s in self.identities])
 
-    def final_prefix(self, name):
-        """Where split ``name`` lives in OUT (see the layout in README.md)."""
-        if self.args.shards == 1:
-            return self.out / ("train" if name.startswith("train") else name)
-        shard = int(name[5:]) if name.startswith("train") else 0
-        return self.out / f"shard{shard}" / ("train" if name.startswith("train") else name)
+    def legacy_config(self) -> Dict[str, Any]:
+        """The ``config`` the code before content hashes recorded for this command
+        (unset held-out sizes meant 1000 then): a finished build of that code
+        with this config is this build."""
+        o = self.options()
+        o["valid_docs"] = 1000 if o["valid_docs"] is None else o["valid_docs"]
+        o["test_docs"] = 1000 if o["test_docs"] is None else o["test_docs"]
+        return dict(o, sources=[rec.legacy_source_fingerprint(k, p) for k, p in self.sources])
 
-    def prepare(self):
-        """Returns False when OUT already holds this exact, complete build."""
-        config = self.config()
-        record = self.out / RECORD
-        if self.args.force:
-            self.clean()
-        if record.exists():
-            done = json.loads(record.read_text(encoding="utf-8"))
-            if done.get("config") == config:
-                logger.info("%s is complete for these inputs and options; nothing to do", self.out)
-                return False
-            raise PreprocessError(
-                record, "OUT already holds a build with other inputs or options; "
-                        "use another --out or pass --force to rebuild it")
-        self.work.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.work / "config.json"
-        if cfg_path.exists():
-            if json.loads(cfg_path.read_text(encoding="utf-8")) != config:
+    def stages(self) -> List[Stage]:
+        o = self.options()
+
+        def pick(*names):
+            return {n: o[n] for n in names}
+
+        # Each stage's options are exactly what it reads: changing one redoes
+        # that stage and the stages after it that read its output, nothing before.
+        return [
+            Stage("extract", self.stage_extract, pick("lowercase", "nfkc", "line_unit", "skip_bad"),
+                  reads=("inputs",), folder="extract"),
+            Stage("split", self.stage_split, pick("valid_docs", "test_docs", "shards", "seed"),
+                  reads=("extract",), folder="split"),
+            Stage("vocab", self.stage_vocab,
+                  pick("vocab_size", "byte_fallback", "character_coverage", "spm_sample_sentences"),
+                  reads=("split",), folder="vocab"),
+            Stage("encode", self.stage_encode, pick("max_line_pieces"), reads=("split", "vocab"), folder="bpe"),
+            Stage("binarize", self.stage_binarize, reads=("encode", "vocab"), folder="bin"),
+            Stage("finalize", self.stage_finalize, reads=("extract", "split", "vocab", "encode", "binarize"),
+                  marker=False),
+        ]
+
+    def identify_inputs(self, cache: Dict[str, Any]) -> None:
+        self.hasher = InputHasher(cache)
+        self.identities = [{"kind": k, "path": str(Path(p).resolve()), "sha256": self.hasher.source(k, p)}
+                           for k, p in self.sources]
+        inputs_fp = fingerprint([[s["kind"], s["sha256"]] for s in self.identities])
+        self.runner = Runner(self.work, self.stages(), {"inputs": inputs_fp})
+
+    # ---- what OUT is, and what may be done to it ----------------------------------------
+
+    def prepare(self) -> bool:
+        """Returns False when OUT already holds this exact, complete build.
+
+        OUT must be missing, empty, a finished build of this tool (its record)
+        or an unfinished one (its .work state); anything else is refused.
+        """
+        fileio = _fileio()
+        out, force = self.out, self.args.force
+        # What OUT is; nothing is written before this is known.
+        if out.exists() and not out.is_dir():
+            raise _output_error(out, "exists and is not a folder")
+        record = rec.load_record(out) if out.is_dir() else None
+        own_work = out.is_dir() and rec.work_is_own(out)
+        if record is None and not own_work:
+            if out.is_dir() and (out / RECORD).exists():
+                raise _output_error(out / RECORD, f"is not a build record of {TOOL}; refusing to write "
+                                                  "into this folder: choose a new or empty folder")
+            fileio.check_output_dir(out, RECORD, TOOL)  # missing or empty, else OutputError
+        state = rec.WorkState.load(out) if own_work else rec.WorkState(out)
+
+        cache = dict((record or {}).get("input_files") or {})
+        cache.update(state.input_files)
+        self.identify_inputs(cache)
+        fp = self.runner.fingerprints["finalize"]
+
+        if record is not None and not force:
+            same = (record.get("fingerprint") == fp if "fingerprint" in record
+                    else record.get("config") == self.legacy_config())
+            if not same:
                 raise PreprocessError(
-                    cfg_path, "an unfinished build with other inputs or options is in OUT; "
-                              "use another --out or pass --force to start over")
-        else:
-            _write_json_atomic(cfg_path, config)
+                    out / RECORD, "OUT already holds a build with other inputs or options (it may be in "
+                                  "use); use another --out or pass --force to rebuild it")
+            logger.info("%s is complete for these inputs and options; nothing to do", out)
+            if own_work and record.get("work_kept") is False:
+                # A kill while the finished build removed its work folder.
+                self.lock()
+                rec.remove_work(out)
+            return False
+
+        # A finished build's folder with a .work the tool did not write: the
+        # build would write its state into it and delete it when done.
+        if (self.work.exists() or self.work.is_symlink()) and not own_work:
+            raise _output_error(self.work, f"exists and was not written by {TOOL}; refusing to use it "
+                                           "as the work folder: move it away or choose another --out")
+        # Files this build may replace: the ones its records list. Anything
+        # else where the build would write is the user's: refuse now, before
+        # hours of work (finalize checks again).
+        owned = set(state.outputs)
+        if record is not None:
+            owned |= set(rec.record_outputs(record))
+        self.check_collisions(rec.possible_outputs(self.args.shards), owned)
+
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _output_error(out, f"cannot create the folder ({e.strerror or e})") from None
+        self.lock()
+        if record is not None:  # --force on a finished build
+            self.discard_finished(record)
+            state = rec.WorkState(out)
+        elif own_work and force:
+            self.discard_unfinished(state)
+            state = rec.WorkState(out)
+        elif own_work and not (self.work / rec.STATE).exists():
+            # Unfinished build of the code before state.json (or an empty .work):
+            # its stage markers carry no fingerprint and will all be redone.
+            (self.work / "config.json").unlink(missing_ok=True)
+        state.input_files = dict(self.hasher.used)
+        state.save()
         return True
 
-    def clean(self):
-        """--force: remove what this tool writes in OUT (and nothing else)."""
-        shutil.rmtree(self.work, ignore_errors=True)
-        for name in (RECORD, "dict.txt", "spm.model", "spm.vocab"):
-            (self.out / name).unlink(missing_ok=True)
-        for split in ("train", "valid", "test"):
-            for ext in (".bin", ".idx"):
-                (self.out / (split + ext)).unlink(missing_ok=True)
-        if self.out.exists():
-            for d in self.out.glob("shard[0-9]*"):
-                if d.is_dir():
-                    shutil.rmtree(d)
+    def check_collisions(self, rels: Sequence[str], owned) -> None:
+        for rel in rels:
+            path = self.out / rel
+            for parent in list(reversed(path.relative_to(self.out).parents))[1:]:
+                p = self.out / parent
+                if (p.exists() or p.is_symlink()) and (p.is_symlink() or not p.is_dir()):
+                    raise _output_error(p, f"is in the way of {rel}, which {TOOL} writes, and was not "
+                                           "written by it; move it away or choose another --out")
+            if (path.exists() or path.is_symlink()) and rel not in owned:
+                raise _output_error(path, f"exists and was not written by {TOOL}; refusing to overwrite "
+                                          "it: move it away or choose another --out")
 
-    def run(self):
-        results = {}
-        for i, stage in enumerate(STAGES):
-            marker = self.marker(stage)
-            if marker.exists():
-                logger.info("stage %s: already done, skipping", stage)
-                results[stage] = json.loads(marker.read_text(encoding="utf-8"))
-            else:
-                # Later stages were built from an older version of this one.
-                for later in STAGES[i + 1:]:
-                    self.marker(later).unlink(missing_ok=True)
-                    if later in _STAGE_DIRS:
-                        shutil.rmtree(self.work / _STAGE_DIRS[later], ignore_errors=True)
-                logger.info("stage %s: running", stage)
-                results[stage] = getattr(self, "stage_" + stage)(results)
-                if stage != "finalize":
-                    _write_json_atomic(marker, results[stage])
-                logger.info("stage %s: done", stage)
-            if self.args.stop_after == stage:
-                logger.info("stopping after stage %s (--stop-after)", stage)
-                return results
-        return results
+    def lock(self) -> None:
+        """One build at a time in OUT: a second one is refused, it never waits."""
+        if self._lock_fd is not None:
+            return
+        try:
+            fd = os.open(self.out, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise _output_error(self.out, f"another {TOOL} is writing this folder; "
+                                              "wait for it to finish or stop it") from None
+            return  # a file system without locks: carry on as before
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def discard_finished(self, record: Dict[str, Any]) -> None:
+        """--force on a finished build: delete exactly the files its record lists.
+
+        The list goes into a fresh work state before the record is deleted, so
+        a kill half-way leaves a folder that still says what is the tool's.
+        """
+        if rec.work_is_own(self.out):
+            rec.remove_work(self.out)
+        outputs = rec.record_outputs(record)
+        logger.info("--force: deleting the %d files of the earlier build in %s", len(outputs), self.out)
+        rec.WorkState(self.out, outputs).save()
+        (self.out / RECORD).unlink(missing_ok=True)
+        rec.delete_outputs(self.out, outputs)
+
+    def discard_unfinished(self, state: rec.WorkState) -> None:
+        """--force on an unfinished build: its files in OUT, then its work folder."""
+        logger.info("--force: discarding the unfinished build in %s", self.out)
+        rec.delete_outputs(self.out, state.outputs)
+        rec.remove_work(self.out)
+
+    def run(self) -> Dict[str, Any]:
+        return self.runner.run(self.args.stop_after)
 
     # ---- stages ----------------------------------------------------------------------
 
@@ -193,91 +339,112 @@ class Build:
 
         if self.args.line_unit == "sentence":
             textmod.sentence_splitter_available()  # a clear error here, not in a pool worker
-        d = self.work / "extract"
-        d.mkdir(parents=True, exist_ok=True)
-        corpus = d / "corpus.txt"
+        corpus = self.work / "extract" / "corpus.txt"
         stats = {}
-        totals = extract(self.sources, _tmp(corpus),
-                         {"lowercase": self.args.lowercase, "nfkc": self.args.nfkc,
-                          "line_unit": self.args.line_unit},
-                         self.args.workers, self.args.skip_bad, stats)
-        if totals["documents"] == 0:
-            raise PreprocessError(", ".join(str(p) for _, p in self.sources),
-                                  "no text found in the input (no documents after cleaning)")
+        with _fileio().atomic_path(corpus) as tmp:
+            totals = extract(self.sources, tmp,
+                             {"lowercase": self.args.lowercase, "nfkc": self.args.nfkc,
+                              "line_unit": self.args.line_unit},
+                             self.args.workers, self.args.skip_bad, stats)
+            if totals["documents"] == 0:
+                raise PreprocessError(", ".join(str(p) for _, p in self.sources),
+                                      "no text found in the input (no documents after cleaning)")
+            changed = self.hasher.changed_since_hashed()
+            if changed:
+                # The fingerprint names the content hashed before reading.
+                raise PreprocessError(changed, "changed while it was being read; run the command again")
         logger.info("extract: %d documents, %d paragraphs -> %d lines (--line-unit %s)",
                     totals["documents"], totals["paragraphs"], totals["lines"], self.args.line_unit)
-        os.replace(_tmp(corpus), corpus)
-        return {"corpus": str(corpus.relative_to(self.out)), "totals": totals, "sources": stats}
+        # Stats by position (not by path): a reused extraction stays right when
+        # an input was only renamed.
+        return {"corpus": str(corpus.relative_to(self.out)), "totals": totals,
+                "sources": [stats.get(str(p), {"kind": k}) for k, p in self.sources]}
 
     def stage_split(self, results):
-        from .split import split
+        from .split import AUTO_FRACTION_PERCENT, AUTO_MAX, choose_held_out, split
 
         a = self.args
         n = results["extract"]["totals"]["documents"]
-        if n - a.valid_docs - a.test_docs < a.shards:
+        valid, test = choose_held_out(n, a.valid_docs, a.test_docs, a.shards)
+        if n - valid - test < a.shards:
             raise PreprocessError(
                 ", ".join(str(p) for _, p in self.sources),
-                f"only {n} documents: --valid-docs {a.valid_docs} + --test-docs {a.test_docs} "
+                f"only {n} documents: --valid-docs {valid} + --test-docs {test} "
                 f"leave fewer than one train document per shard (--shards {a.shards})")
+        chosen = [name for name, given in (("--valid-docs", a.valid_docs), ("--test-docs", a.test_docs))
+                  if given is None]
+        if chosen:
+            logger.info("held out %d valid and %d test documents of %d (%s not given: %d%% of the "
+                        "documents each, at most %d, and at least one train document per shard)",
+                        valid, test, n, " and ".join(chosen), AUTO_FRACTION_PERCENT, AUTO_MAX)
+        names = (["valid"] if valid else []) + (["test"] if test else []) + [f"train{k}" for k in range(a.shards)]
         d = self.work / "split"
-        d.mkdir(parents=True, exist_ok=True)
-        final = {name: d / f"{name}.txt" for name in self.split_names}
-        counts = split(self.work / "extract" / "corpus.txt", n, a.valid_docs, a.test_docs,
-                       a.shards, a.seed, {k: _tmp(v) for k, v in final.items()})
-        for k, v in final.items():
-            os.replace(_tmp(v), v)
-        return counts
+        atomic_path = _fileio().atomic_path
+        with contextlib.ExitStack() as stack:
+            tmps = {name: stack.enter_context(atomic_path(d / f"{name}.txt")) for name in names}
+            counts = split(self.work / "extract" / "corpus.txt", n, valid, test, a.shards, a.seed, tmps)
+        return {"valid_docs": valid, "test_docs": test,
+                "chosen": {"valid_docs": "auto" if a.valid_docs is None else "given",
+                           "test_docs": "auto" if a.test_docs is None else "given"},
+                "splits": counts}
+
+    @staticmethod
+    def split_names(results) -> List[str]:
+        return list(results["split"]["splits"])
 
     def stage_vocab(self, results):
         from . import vocab
 
+        atomic_path = _fileio().atomic_path
         d = self.work / "vocab"
-        d.mkdir(parents=True, exist_ok=True)
+        splits = results["split"]["splits"]
         train_files = [self.work / "split" / f"train{k}.txt" for k in range(self.args.shards)]
-        train_lines = sum(results["split"][f"train{k}"]["lines"] for k in range(self.args.shards))
+        train_lines = sum(splits[f"train{k}"]["lines"] for k in range(self.args.shards))
         sample = d / "spm_sample.txt"
-        kept = vocab.systematic_sample(train_files, train_lines, self.args.spm_sample_sentences, _tmp(sample))
-        os.replace(_tmp(sample), sample)
+        with atomic_path(sample) as tmp:
+            kept = vocab.systematic_sample(train_files, train_lines, self.args.spm_sample_sentences, tmp)
         logger.info("training sentencepiece BPE (%d pieces) on %d lines", self.args.vocab_size, kept)
         model = vocab.train_spm(sample, self.args.vocab_size, self.args.workers,
                                 byte_fallback=self.args.byte_fallback,
                                 character_coverage=self.args.character_coverage)
-        model_path = d / "spm.model"
-        _tmp(model_path).write_bytes(model)
-        sp = vocab.load_spm(_tmp(model_path))
-        vocab.write_spm_vocab(sp, _tmp(d / "spm.vocab"))
-        vocab.write_fairseq_dict(sp, _tmp(d / "dict.txt"))
-        # The model goes last: its presence is what encode relies on.
-        os.replace(_tmp(d / "spm.vocab"), d / "spm.vocab")
-        os.replace(_tmp(d / "dict.txt"), d / "dict.txt")
-        os.replace(_tmp(model_path), model_path)
+        # The model is renamed into place last (after spm.vocab and dict.txt).
+        with atomic_path(d / "spm.model") as tmp_model:
+            tmp_model.write_bytes(model)
+            sp = vocab.load_spm(tmp_model)
+            with atomic_path(d / "spm.vocab") as tmp:
+                vocab.write_spm_vocab(sp, tmp)
+            with atomic_path(d / "dict.txt") as tmp:
+                vocab.write_fairseq_dict(sp, tmp)
         return {"sample_lines": kept, "pieces": sp.get_piece_size()}
 
     def stage_encode(self, results):
         from .encode import encode_file
 
+        fileio = _fileio()
         d = self.work / "bpe"
-        d.mkdir(parents=True, exist_ok=True)
         model = self.work / "vocab" / "spm.model"
-        total = sum(results["split"][name]["lines"] + results["split"][name]["documents"] - 1
-                    for name in self.split_names)
+        names = self.split_names(results)
+        splits = results["split"]["splits"]
+        total = sum(splits[name]["lines"] + splits[name]["documents"] - 1 for name in names)
         max_pieces = self.args.max_line_pieces
         counts = {}
         with tqdm(total=total, desc="encode", unit=" lines", disable=None) as bar:
-            for name in self.split_names:
+            for name in names:
                 dst = d / f"{name}.bpe"
                 src = self.work / "split" / f"{name}.txt"
                 stats = d / f"{name}.counts.json"
-                if dst.exists() and stats.exists():  # finished before an interruption
+                # The runner keeps this folder only for a restart with the same
+                # fingerprint: a split finished then is still right.
+                if dst.exists() and stats.exists():
                     logger.info("encode %s: reusing %s", name, dst)
-                    counts[name] = json.loads(stats.read_text(encoding="utf-8"))
+                    counts[name] = rec.read_json(stats)
                     bar.update(counts[name]["input_lines"])
                     continue
-                counts[name] = encode_file(src, _tmp(dst), model, self.args.workers, progress=bar,
-                                           max_pieces=max_pieces)
-                # The counts first: a .bpe in place always has its counts beside it.
-                _write_json_atomic(stats, counts[name])
-                os.replace(_tmp(dst), dst)
+                with fileio.atomic_path(dst) as tmp:
+                    counts[name] = encode_file(src, tmp, model, self.args.workers, progress=bar,
+                                               max_pieces=max_pieces)
+                    # The counts first: a .bpe in place always has its counts beside it.
+                    fileio.write_json_atomic(stats, counts[name])
         cut = sum(c["lines_cut"] for c in counts.values())
         added = sum(c["chunks_added"] for c in counts.values())
         lines = sum(c["input_lines"] for c in counts.values())
@@ -290,111 +457,69 @@ class Build:
         from .binarize import binarize_file
 
         d = self.work / "bin"
-        d.mkdir(parents=True, exist_ok=True)
         dict_path = self.work / "vocab" / "dict.txt"
         counts = {}
-        for name in tqdm(self.split_names, desc="binarize", unit=" splits", disable=None):
+        for name in tqdm(self.split_names(results), desc="binarize", unit=" splits", disable=None):
             tmp_prefix = d / f"{name}.tmp"
             seqs, toks = binarize_file(self.work / "bpe" / f"{name}.bpe", dict_path, tmp_prefix, self.args.workers)
             # .idx last: fairseq opens a dataset through its index.
-            os.replace(d / f"{name}.tmp.bin", d / f"{name}.bin")
-            os.replace(d / f"{name}.tmp.idx", d / f"{name}.idx")
+            rec.move_into(d / f"{name}.tmp.bin", d / f"{name}.bin")
+            rec.move_into(d / f"{name}.tmp.idx", d / f"{name}.idx")
             counts[name] = {"sequences": seqs, "tokens": toks}
         return counts
 
     def stage_finalize(self, results):
-        a = self.args
+        from seed_fairseq.dictionary import dictionary_sha256
 
-        def place(src, dst):
-            # Moves are idempotent so an interrupted finalize can simply run again.
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if src.exists():
-                os.replace(src, dst)
-            elif not dst.exists():
-                raise FileNotFoundError(src)
+        a, out = self.args, self.out
+        names = self.split_names(results)
+        planned = rec.planned_outputs(a.shards, names)
+        state = rec.WorkState.load(out)
+        owned = set(state.outputs)
+        # A file of the user's put in OUT during the build is never replaced.
+        self.check_collisions(planned, owned)
+        # Files an interrupted finalize with other splits left (e.g. valid.bin
+        # before --valid-docs 0): this build's to delete, and not part of it.
+        rec.delete_outputs(out, sorted(owned - set(planned)))
+        # Claimed before anything is written: whatever a kill leaves in OUT is
+        # listed as the tool's.
+        state.outputs = planned
+        state.save()
 
-        def copy(src, dst):
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, _tmp(dst))
-            os.replace(_tmp(dst), dst)
-
+        # Everything is prepared under .work and renamed into OUT: no temporary
+        # file is ever left in OUT itself.
+        staging = self.work / "final"
+        shutil.rmtree(staging, ignore_errors=True)
         vocab_dir = self.work / "vocab"
-        for name in ("spm.model", "spm.vocab", "dict.txt"):
-            copy(vocab_dir / name, self.out / name)
+        copies = [(vocab_dir / name, name) for name in ("spm.model", "spm.vocab", "dict.txt")]
         if a.shards > 1:
             # Each shard is a complete fairseq data dir of its own (dict + spm beside it).
-            for k in range(a.shards):
-                for name in ("dict.txt", "spm.model"):
-                    copy(vocab_dir / name, self.out / f"shard{k}" / name)
-        for name in self.split_names:
-            prefix = self.final_prefix(name)
+            copies += [(vocab_dir / name, f"shard{k}/{name}") for k in range(a.shards)
+                       for name in ("dict.txt", "spm.model")]
+        for src, rel in copies:
+            _fileio().copy_atomic(src, staging / rel)
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            rec.move_into(staging / rel, out / rel)
+        for name in names:
+            prefix = rec.split_prefix(name, a.shards)
             for ext in (".bin", ".idx"):
-                place(self.work / "bin" / f"{name}{ext}", Path(str(prefix) + ext))
-        splits = {}
-        for name in self.split_names:
-            enc = results["encode"][name]
-            splits[name] = dict(results["split"][name], **results["binarize"][name],
-                                lines_cut=enc["lines_cut"], chunks_added=enc["chunks_added"],
-                                path=str(self.final_prefix(name).relative_to(self.out)))
-        from . import text as textmod
-        from . import vocab as vocabmod
-
-        pieces = results["vocab"]["pieces"]
-        record = {
-            "format": "seed_fairseq.preprocess/1",
-            "normalization": {
-                "function": "preprocess.text.normalize_line",
-                "lowercase": a.lowercase,
-                "nfkc": a.nfkc,
-                "whitespace": "runs of Unicode whitespace -> one space; strip; control characters dropped",
-                "steps": list(textmod.NORMALIZATION_STEPS),
-                "unicodedata_version": unicodedata.unidata_version,
-                "line_unit": a.line_unit,
-            },
-            "lines": {
-                "unit": a.line_unit,
-                "sentence_splitter": (textmod.SENTENCE_SPLITTER + " (cased text, cut only at spaces)"
-                                      if a.line_unit == "sentence" else None),
-                "paragraphs": results["extract"]["totals"]["paragraphs"],
-                "lines": results["extract"]["totals"]["lines"],
-                "paragraphs_kept_whole": results["extract"]["totals"]["paragraphs_kept_whole"],
-                "max_line_pieces": a.max_line_pieces,
-                "lines_cut": sum(s["lines_cut"] for s in splits.values()),
-                "chunks_added": sum(s["chunks_added"] for s in splits.values()),
-                "rule": "sentences of a paragraph joined by one space = the normalised paragraph; "
-                        "a line of more than max_line_pieces pieces is cut into consecutive chunks "
-                        "of at most max_line_pieces pieces, one per line, pieces unchanged (0 = no cut)",
-            },
-            "sentencepiece": {
-                "model": "spm.model", "model_type": "bpe", "vocab_size": pieces,
-                "normalization_rule_name": "identity", "byte_fallback": a.byte_fallback,
-                "character_coverage": a.character_coverage,
-                "special_ids": {"unk": 0, "bos": 1, "eos": 2, "pad": -1},
-                "sample_sentences_requested": a.spm_sample_sentences,
-                "sample_lines_used": results["vocab"]["sample_lines"],
-            },
-            "fairseq_dictionary": {
-                "file": "dict.txt", "convention": "xlm-r (fairseq_offset=1)",
-                "rule": "fairseq = spm + 1 for spm >= 3; spm <unk> 0 -> 3, <s> 1 -> 0, </s> 2 -> 2; "
-                        "<pad> = 1; <mask> appended by the task = len(spm) + 1",
-                "function": "preprocess.vocab.spm_to_fairseq_id",
-                "counts": "1 for every piece",
-                "size_with_specials": pieces + 1,
-                "mask_index": vocabmod.spm_to_fairseq_id(pieces - 1) + 1,
-            },
-            "sources": [dict(kind=k, path=str(Path(p).resolve()),
-                             stats=results["extract"]["sources"].get(str(p), {}))
-                        for k, p in self.sources],
-            "documents": results["extract"]["totals"],
-            "splits": splits,
-            "shards": a.shards,
-            "seed": a.seed,
-            "versions": _versions(),
-            "config": self.config(),
-        }
-        _write_json_atomic(self.out / RECORD, record)
+                src, dst = self.work / "bin" / f"{name}{ext}", out / (prefix + ext)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                # Moves are idempotent so an interrupted finalize can simply run
+                # again: a missing source was moved by it (the binarize marker
+                # vouches that it is this build's).
+                if src.exists():
+                    rec.move_into(src, dst)
+                elif not dst.exists():
+                    raise FileNotFoundError(src)
+        record = rec.build_record(
+            a, self.identities, results, config=self.config(), fingerprints=self.runner.fingerprints,
+            outputs=planned, input_files=dict(self.hasher.used),
+            dictionary_sha256=dictionary_sha256(out / "dict.txt"))
+        rec.write_record(out, record, staging)
+        shutil.rmtree(staging, ignore_errors=True)
         if not a.keep_work:
-            shutil.rmtree(self.work, ignore_errors=True)
+            rec.remove_work(out)
         return record
 
 
@@ -411,7 +536,8 @@ def parse_args(argv=None):
     g.add_argument("--text", action="append", default=[], metavar="FILE",
                    help="text with one paragraph (or sentence) per line, blank line between documents "
                         "(repeatable)")
-    p.add_argument("--out", required=True, help="output folder (fairseq data dir)")
+    p.add_argument("--out", required=True,
+                   help="output folder (fairseq data dir): missing, empty, or an earlier build of this tool")
     p.add_argument("--vocab-size", type=int, default=32768, help="sentencepiece pieces (default 32768)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument("--line-unit", choices=LINE_UNITS, default="sentence",
@@ -432,14 +558,17 @@ def parse_args(argv=None):
                    help="lower-case all text (default on: the released SEED-Encoder is uncased)")
     p.add_argument("--nfkc", action=argparse.BooleanOptionalAction, default=True,
                    help="Unicode NFKC normalisation (default on)")
-    p.add_argument("--valid-docs", type=int, default=1000, help="documents held out for valid (default 1000)")
-    p.add_argument("--test-docs", type=int, default=1000, help="documents held out for test (default 1000)")
+    p.add_argument("--valid-docs", type=int, default=None,
+                   help="documents held out for valid (default: 5%% of the documents, at most 1000)")
+    p.add_argument("--test-docs", type=int, default=None,
+                   help="documents held out for test (default: 5%% of the documents, at most 1000)")
     p.add_argument("--shards", type=int, default=1, help="train shards: OUT/shard0..N-1 when N > 1")
     p.add_argument("--seed", type=int, default=1, help="seed of the valid/test document choice")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip (and count) non-UTF-8 lines of text inputs instead of stopping")
     p.add_argument("--keep-work", action="store_true", help="keep OUT/.work (normalised text, pieces)")
-    p.add_argument("--force", action="store_true", help="discard an earlier build in OUT and start over")
+    p.add_argument("--force", action="store_true",
+                   help="discard the earlier build in OUT (the files its record lists) and start over")
     p.add_argument("--stop-after", choices=STAGES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not (args.wiki or args.books or args.text):
@@ -448,24 +577,41 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("valid_docs", "test_docs", "spm_sample_sentences", "max_line_pieces"):
-        if getattr(args, name) < 0:
+        value = getattr(args, name)
+        if value is not None and value < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if not 0 < args.character_coverage <= 1:
+        p.error("--character-coverage must be in (0, 1]")
     return args
+
+
+# Errors of the machine rather than of the code: reported like bad input, one
+# line naming the file, so the user can fix it and rerun to resume.
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s", stream=sys.stderr)
+    OutputError = _fileio().OutputError  # noqa: N806 - after logging is set up (see _fileio)
+    build = Build(args)
     try:
-        build = Build(args)
         if build.prepare():
             build.run()
-    except PreprocessError as e:
+    except (PreprocessError, OutputError) as e:
         print(f"error: {e.path}: {e.problem}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:
+            raise
+        print(f"error: {e.filename}: {e.strerror}; fix this and rerun the same command to resume",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        build.close()
     return 0
 
 

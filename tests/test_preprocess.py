@@ -590,36 +590,49 @@ def test_resume_after_vocab_stage_equals_clean_run(tmp_path, books_dir, text_fil
     assert "nothing to do" in again.stderr
 
 
-def test_changed_options_on_unfinished_build_are_refused(tmp_path, text_file, capsys):
+def test_changed_options_on_unfinished_build_redo_only_their_stages(tmp_path, text_file, capsys, caplog):
+    """An unfinished build is not in use: other options are taken without --force,
+    and only the stages that read them are redone."""
+    caplog.set_level("INFO", logger="preprocess")
     out = tmp_path / "out"
     run_build("--text", text_file, "--out", out, *SMALL, "--stop-after", "split")
     code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL[:-4],
                                 "--valid-docs", 3, "--test-docs", 2)
-    assert code == 2 and "other inputs or options" in err and "--force" in err
-    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL[:-4],
-                                "--valid-docs", 3, "--test-docs", 2, "--force")
-    assert code == 0 and (out / "preprocess.json").exists()
+    assert code == 0, err
+    assert "stage extract: already done" in caplog.text and "stage split: running" in caplog.text
+    record = json.loads((out / "preprocess.json").read_text())
+    assert record["splits"]["valid"]["documents"] == 3 and record["splits"]["test"]["documents"] == 2
 
 
-@pytest.mark.parametrize("changed", [["--line-unit", "paragraph"], ["--max-line-pieces", 20]])
-def test_changed_line_options_are_never_resumed_or_reused(tmp_path, text_file, capsys, caplog, changed):
+@pytest.mark.parametrize("changed,first_redone", [(["--line-unit", "paragraph"], "extract"),
+                                                  (["--max-line-pieces", 20], "encode")])
+def test_changed_line_options_are_never_resumed_or_reused(tmp_path, text_file, capsys, caplog, changed,
+                                                          first_redone):
     """--line-unit changes extract's output, --max-line-pieces encode's: a build made
-    with other values must not be resumed (stale stages) nor taken as complete."""
+    with other values must not be resumed with stale stages nor taken as complete."""
     caplog.set_level("INFO", logger="preprocess")
+    clean = tmp_path / "clean"
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", clean, *SMALL, *changed)
+    assert code == 0, err
     out = tmp_path / "out"
     run_build("--text", text_file, "--out", out, *SMALL, "--stop-after", "vocab")
+    caplog.clear()
     code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, *changed)
-    assert code == 2 and "unfinished build with other inputs or options" in err
-    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL)  # resume as it was
-    assert code == 0 and "stage vocab: already done" in caplog.text
-    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, *changed)
+    assert code == 0, err
+    later = build_mod.STAGES[build_mod.STAGES.index(first_redone):]
+    for stage in build_mod.STAGES:
+        redone = f"stage {stage}: running" in caplog.text
+        assert redone == (stage in later), (stage, caplog.text)
+    # Exactly what a clean build with the new value writes: nothing stale was reused.
+    assert files_of(out) == files_of(clean)
+    # Finished: the old values are another build now, refused without --force.
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL)
     assert code == 2 and "already holds a build with other inputs or options" in err
     caplog.clear()
-    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, *changed, "--force")
+    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, "--force")
     assert code == 0 and "stage extract: running" in caplog.text and "already done" not in caplog.text
     record = json.loads((out / "preprocess.json").read_text())
-    key = changed[0][2:].replace("-", "_")
-    assert str(record["config"][key]) == str(changed[1])
+    assert record["config"]["line_unit"] == "sentence" and record["config"]["max_line_pieces"] == 510
 
 
 def test_line_option_values_are_checked(tmp_path, text_file, capsys):
@@ -686,8 +699,9 @@ def test_non_utf8_text_error_and_skip_bad(tmp_path, capsys, text_file):
     _assert_clear_error(code, err, bad, "line 2", "not valid UTF-8", "--skip-bad")
     assert not (out / "preprocess.json").exists()
 
+    # The advice works on the same --out, without --force (see test_faults_preprocess.py).
     code, err = build_inprocess(capsys, "--books", bad.parent, "--text", text_file, "--out", out,
-                                *SMALL, "--skip-bad", "--keep-work", "--force")
+                                *SMALL, "--skip-bad", "--keep-work")
     assert code == 0, err
     record = json.loads((out / "preprocess.json").read_text())
     assert record["sources"][0]["stats"]["bad_lines_skipped"] == 1
