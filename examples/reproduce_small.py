@@ -24,7 +24,13 @@ and is removed from its passage; queries are split train/dev/test by
 
 Every stage writes into --out and is skipped when its output exists, so an
 interrupted run resumes (--force-stage NAME redoes one stage and those after
-it).  At real scale, e.g. on a GPU box with your corpus and MS MARCO:
+it).  Each stage's folder is built under a hidden ``.NAME.partial`` name and
+renamed into place when complete, so a stage killed half-way is redone, never
+taken as done.  --out must be new, empty, or an earlier output of this script
+(it holds ``reproduce_small.json``, the script's record); the script only ever
+replaces or deletes things inside such a folder.
+
+At real scale, e.g. on a GPU box with your corpus and MS MARCO:
 
     python examples/reproduce_small.py --corpus my_corpus.txt --vocab-size 32768 \\
         --seed-arch seed_encoder_base --mlm-arch seed_encoder_mlm_only --encoder-args "" \\
@@ -45,18 +51,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from examples.retrieval.bm25 import BM25  # noqa: E402
-from examples.retrieval.data import derive_retrieval_set, load_data  # noqa: E402
+from examples.retrieval.common import (  # noqa: E402
+    OutputError, apply_umask, check_output_dir, fraction, nonneg_int, own_staging_dir, positive_int,
+    replace_dir, report, seed_int, write_json_atomic, write_text_atomic,
+)
+from examples.retrieval.data import DataFormatError, derive_retrieval_set, load_data  # noqa: E402
 from examples.retrieval.evaluate import evaluate_model  # noqa: E402
 from examples.retrieval.finetune import FinetuneConfig, finetune  # noqa: E402
 from examples.retrieval.metrics import (  # noqa: E402
     compare, evaluate, read_trec_run, write_trec_run,
 )
-from examples.retrieval.search import load_model  # noqa: E402
+from examples.retrieval.search import SearchError, load_model  # noqa: E402
 
 TINY_ENCODER = "--encoder-layers 2 --encoder-embed-dim 128 --encoder-ffn-embed-dim 256 --encoder-attention-heads 4"
 MODELS = ("seed", "mlm", "full")
 LABELS = {"seed": "SEED-Encoder (k=2)", "mlm": "MLM only", "full": "full-attention decoder"}
 STAGES = ("data", "pretrain", "export", "similarity", "retrieval", "finetune")
+TOOL = "examples/reproduce_small.py"
+RECORD = "reproduce_small.json"  # the script's record in --out: the folder is its own
+# what the script writes in --out (used to recognise folders written before the record existed)
+LAYOUT = {RECORD, "data-bin", "pretrain", "hf", "logs", "cls_similarity.json", "retrieval", "runs", "finetuned",
+          "results.md", "results.json"}
 
 
 def log(msg):
@@ -83,7 +98,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="runs/reproduce_small")
     p.add_argument("--corpus", default=str(REPO / "examples" / "data" / "demo_corpus.txt"),
                    help="pre-training text: one paragraph per line, blank line between documents")
-    p.add_argument("--seed", type=int, default=1, help="one seed for pre-training, fine-tuning and sampling")
+    p.add_argument("--seed", type=seed_int, default=1,
+                   help="one seed for pre-training, fine-tuning and sampling")
     p.add_argument("--models", default=",".join(MODELS), help="subset of seed,mlm,full")
     p.add_argument("--force-stage", choices=STAGES, help="redo this stage and every later one")
     g = p.add_argument_group("pre-training (identical for the three models)")
@@ -112,20 +128,20 @@ def parse_args(argv=None):
     g.add_argument("--test-split", default="test")
     g.add_argument("--negatives", choices=("bm25", "ance", "none"), default="bm25")
     g.add_argument("--loss", choices=("mnrl", "triplet"), default="mnrl")
-    g.add_argument("--train-fraction", type=float, default=1.0)
-    g.add_argument("--ft-epochs", type=int, default=20)
-    g.add_argument("--ft-batch-size", type=int, default=32)
+    g.add_argument("--train-fraction", type=fraction, default=1.0)
+    g.add_argument("--ft-epochs", type=positive_int, default=20)
+    g.add_argument("--ft-batch-size", type=positive_int, default=32)
     g.add_argument("--ft-lr", type=float, default=1e-4)
-    g.add_argument("--num-negatives", type=int, default=1)
-    g.add_argument("--eval-every", type=int, default=0)
-    g.add_argument("--max-seq-length", type=int, default=128)
-    g.add_argument("--encode-batch-size", type=int, default=64)
+    g.add_argument("--num-negatives", type=nonneg_int, default=1)
+    g.add_argument("--eval-every", type=nonneg_int, default=0)
+    g.add_argument("--max-seq-length", type=positive_int, default=128)
+    g.add_argument("--encode-batch-size", type=positive_int, default=64)
     g.add_argument("--index", default="flat")
-    g.add_argument("--k", type=int, default=1000)
-    g.add_argument("--resamples", type=int, default=10000, help="permutation test resamples")
+    g.add_argument("--k", type=positive_int, default=1000)
+    g.add_argument("--resamples", type=positive_int, default=10000, help="permutation test resamples")
     g = p.add_argument_group("[CLS] similarity analysis (Figure 1b / 5)")
     g.add_argument("--cos-lengths", default="64,128,256,512")
-    g.add_argument("--cos-pairs", type=int, default=200)
+    g.add_argument("--cos-pairs", type=positive_int, default=200)
     return p.parse_args(argv)
 
 
@@ -136,10 +152,43 @@ class Stages:
         self.out, self.force_from = out, STAGES.index(force) if force else len(STAGES)
 
     def done(self, stage, marker: Path) -> bool:
-        return STAGES.index(stage) < self.force_from and marker.exists()
+        return not self.forced(stage) and marker.exists()
+
+    def forced(self, stage) -> bool:
+        return STAGES.index(stage) >= self.force_from
 
 
-def pretrain_commands(args, data_bin: Path, out: Path):
+def is_own_record(path: Path) -> bool:
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("tool") == TOOL
+
+
+def claim_out(out: Path) -> None:
+    """Make sure ``out`` is this script's folder, or refuse with :class:`OutputError`.
+
+    New or empty: created with the record.  With the record: an earlier run,
+    resumed.  A folder of an earlier version of the script (before the record)
+    is recognised by its layout and adopted.  Anything else is the user's.
+    """
+    legacy = (out.is_dir() and not (out / RECORD).exists() and (out / "logs" / "data.log").is_file()
+              and all(child.name in LAYOUT for child in out.iterdir()))
+    if not legacy and check_output_dir(out, RECORD, "reproduce_small.py", is_own=is_own_record):
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / RECORD, {"tool": TOOL, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def stage_target(target: Path, marker: str) -> None:
+    """Refuse (OutputError) to replace ``target`` inside --out unless it is empty
+    or holds ``marker``, the file the stage itself writes there."""
+    check_output_dir(target, marker, "reproduce_small.py")
+
+
+def pretrain_commands(args, data_bin: Path, out: Path, save_dirs=None):
+    """fairseq-train command per model; ``save_dirs`` overrides OUT/pretrain/M."""
     common = [
         str(data_bin), "--user-dir", str(REPO / "seed_fairseq"),
         "--task", "seed_pretrain", "--criterion", "seed_pretrain",
@@ -161,8 +210,9 @@ def pretrain_commands(args, data_bin: Path, out: Path):
         "full": (["--arch", args.full_arch] if args.full_arch
                  else ["--arch", args.seed_arch, "--decoder-attention-window", "full"]),
     }
-    return {m: [bin_of("fairseq-train"), *common, *archs[m], "--save-dir", str(out / "pretrain" / m)]
-            for m in archs}
+    save_dirs = save_dirs or {}
+    return {m: [bin_of("fairseq-train"), *common, *archs[m], "--save-dir",
+                str(save_dirs.get(m, out / "pretrain" / m))] for m in archs}
 
 
 def cls_similarity(model_dir: Path, texts, lengths, pairs: int, seed: int):
@@ -216,14 +266,31 @@ def fmt_p(p):
 
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        return run(args)
+    except (DataFormatError, OutputError, SearchError) as e:
+        return report(e)
+
+
+def run(args):
     t_start = time.time()
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(exist_ok=True)
+    # everything that can be refused is checked before --out is created or touched
     models = [m for m in args.models.split(",") if m]
     unknown = set(models) - set(MODELS)
-    if unknown:
-        raise SystemExit(f"error: unknown --models {sorted(unknown)}; choose from {MODELS}")
+    if unknown or not models:
+        return report(f"--models: unknown {sorted(unknown)}; choose from {','.join(MODELS)}" if unknown
+                      else f"--models: no model given; choose from {','.join(MODELS)}")
+    cfg = FinetuneConfig(negatives=args.negatives, loss=args.loss, train_fraction=args.train_fraction,
+                         seed=args.seed, batch_size=args.ft_batch_size, lr=args.ft_lr, epochs=args.ft_epochs,
+                         num_negatives=args.num_negatives, eval_every=args.eval_every,
+                         encode_batch_size=args.encode_batch_size, index=args.index, show_progress=False)
+    try:
+        cfg.validate()  # now, not after an hour of pre-training
+    except ValueError as e:
+        return report(e)
+    claim_out(out)
+    (out / "logs").mkdir(exist_ok=True)
     stages = Stages(out, args.force_stage)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
     times = {}
@@ -232,29 +299,39 @@ def main(argv=None):
     t0 = time.time()
     data_bin = out / "data-bin"
     if not stages.done("data", data_bin / "preprocess.json"):
-        sh([sys.executable, "-m", "preprocess.build", "--text", args.corpus, "--out", data_bin, "--force",
+        # preprocess.build resumes its own interrupted build and refuses a folder it
+        # did not write; --force (discard its earlier build) only when asked to redo it
+        sh([sys.executable, "-m", "preprocess.build", "--text", args.corpus, "--out", data_bin,
+            *(["--force"] if stages.forced("data") else []),
             "--vocab-size", args.vocab_size, "--workers", min(2, args.threads) or 1,
             "--valid-docs", args.valid_docs, "--test-docs", 0, "--seed", args.seed], out / "logs" / "data.log", env)
     times["data"] = time.time() - t0
 
-    # 2. pre-training: identical except the decoder
-    cmds = pretrain_commands(args, data_bin, out)
+    # 2. pre-training: identical except the decoder.  fairseq-train writes
+    # checkpoint_last.pt at every epoch end, long before its last update, so it
+    # trains in a staging folder that becomes pretrain/M only once it finished:
+    # an interrupted pre-training is redone from scratch (fairseq would resume
+    # from the staged checkpoints, with a different data order), never taken as done.
     for m in models:
         t0 = time.time()
-        ckpt = out / "pretrain" / m / "checkpoint_last.pt"
-        if not stages.done("pretrain", ckpt):
-            (out / "pretrain" / m).mkdir(parents=True, exist_ok=True)
-            for old in (out / "pretrain" / m).glob("*.pt"):
-                old.unlink()  # fairseq would resume from them
-            sh(cmds[m], out / "logs" / f"pretrain_{m}.log", env)
+        target = out / "pretrain" / m
+        if not stages.done("pretrain", target / "checkpoint_last.pt"):
+            stage_target(target, "checkpoint_last.pt")
+            staging = own_staging_dir(target)
+            sh(pretrain_commands(args, data_bin, out, {m: staging})[m], out / "logs" / f"pretrain_{m}.log", env)
+            stage_target(target, "checkpoint_last.pt")
+            replace_dir(staging, target)
         times[f"pretrain_{m}"] = time.time() - t0
 
     # 3. export
     hf = {m: out / "hf" / m for m in models}
     for m in models:
         if not stages.done("export", hf[m] / "config.json"):
+            # export_to_hf writes atomically; --force (replace) only for an earlier export of ours
+            stage_target(hf[m], "config.json")
             sh([sys.executable, REPO / "examples" / "export_to_hf.py", "--checkpoint",
-                out / "pretrain" / m / "checkpoint_last.pt", "--data", data_bin, "--out", hf[m], "--force"],
+                out / "pretrain" / m / "checkpoint_last.pt", "--data", data_bin, "--out", hf[m],
+                *(["--force"] if (hf[m] / "config.json").is_file() else [])],
                out / "logs" / f"export_{m}.log", env)
 
     import torch
@@ -271,7 +348,7 @@ def main(argv=None):
         for m in models:
             s, notes, max_len = cls_similarity(hf[m], docs, lengths, args.cos_pairs, args.seed)
             sims[m] = {"cosine": {str(k): v for k, v in s.items()}, "notes": notes, "max_positions": max_len}
-        sim_file.write_text(json.dumps(sims, indent=2) + "\n")
+        write_text_atomic(sim_file, json.dumps(sims, indent=2) + "\n")
     times["similarity"] = time.time() - t0
 
     # 5. retrieval set
@@ -280,9 +357,14 @@ def main(argv=None):
         design = f"given: {rdir}"
     else:
         rdir = out / "retrieval"
-        if not stages.done("retrieval", rdir / "qrels" / "test.tsv"):
-            st = derive_retrieval_set(args.corpus, rdir, seed=args.seed)
-            (rdir / "stats.json").write_text(json.dumps(st.__dict__, indent=2) + "\n")
+        # stats.json is written last, so it marks a complete set; the set is built
+        # beside its place and renamed, so a kill never leaves half a corpus
+        if not stages.done("retrieval", rdir / "stats.json"):
+            stage_target(rdir, "stats.json")
+            staging = own_staging_dir(rdir)
+            st = derive_retrieval_set(args.corpus, staging, seed=args.seed)
+            write_text_atomic(staging / "stats.json", json.dumps(st.__dict__, indent=2) + "\n")
+            replace_dir(staging, rdir)
         st = json.loads((rdir / "stats.json").read_text())
         design = (f"derived from {Path(args.corpus).name}: {st['passages']} passages (paragraphs), "
                   f"queries = one removed sentence per paragraph, split by document: "
@@ -298,11 +380,7 @@ def main(argv=None):
         write_trec_run(BM25(test.corpus).retrieve({q: test.queries[q] for q in test.query_ids()}, k=args.k),
                        bm25_run, tag="bm25")
 
-    # 6. identical fine-tuning and evaluation
-    cfg = FinetuneConfig(negatives=args.negatives, loss=args.loss, train_fraction=args.train_fraction,
-                         seed=args.seed, batch_size=args.ft_batch_size, lr=args.ft_lr, epochs=args.ft_epochs,
-                         num_negatives=args.num_negatives, eval_every=args.eval_every,
-                         encode_batch_size=args.encode_batch_size, index=args.index, show_progress=False)
+    # 6. identical fine-tuning and evaluation (cfg built and checked at the start)
     device = "cuda" if args.gpu else "cpu"
     zero_shot = {}
     for m in models:
@@ -311,15 +389,20 @@ def main(argv=None):
         run_file = runs_dir / f"{m}.trec"
         zs_file = runs_dir / f"{m}.zeroshot.trec"
         if not stages.done("finetune", run_file):
+            stage_target(ft_dir, "finetune.json")
             model = load_model(hf[m], device, args.max_seq_length)
             _, zs_run = evaluate_model(model, test, k=args.k, batch_size=args.encode_batch_size,
                                        index=args.index, show_progress=False)
             write_trec_run(zs_run, zs_file, tag=f"{m}-zeroshot")
             log(f"fine-tuning {m}")
-            ft_dir.mkdir(parents=True, exist_ok=True)
-            summary = finetune(model, train, cfg, dev=dev, curve_path=ft_dir / "curve.jsonl" if dev else None)
-            model.save(str(ft_dir))
-            (ft_dir / "finetune.json").write_text(json.dumps({k: v for k, v in summary.items()}, indent=2))
+            # built beside finetuned/M and renamed: a kill never leaves half a model there
+            staging = own_staging_dir(ft_dir)
+            summary = finetune(model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None)
+            model.save(str(staging))
+            apply_umask(staging)
+            write_text_atomic(staging / "finetune.json", json.dumps(summary, indent=2))
+            stage_target(ft_dir, "finetune.json")
+            replace_dir(staging, ft_dir)
             _, run = evaluate_model(model, test, k=args.k, batch_size=args.encode_batch_size,
                                     index=args.index, show_progress=False)
             write_trec_run(run, run_file, tag=m)
@@ -375,9 +458,9 @@ def main(argv=None):
     times["total"] = time.time() - t_start
     lines += ["", "wall-clock seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items())]
     table = "\n".join(lines)
-    (out / "results.md").write_text(table + "\n")
-    (out / "results.json").write_text(json.dumps({"results": results, "times": times, "args": vars(args)},
-                                                 indent=2) + "\n")
+    write_text_atomic(out / "results.md", table + "\n")
+    write_text_atomic(out / "results.json", json.dumps({"results": results, "times": times, "args": vars(args)},
+                                                       indent=2) + "\n")
     print(table)
     return 0
 

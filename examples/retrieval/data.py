@@ -13,7 +13,9 @@ MS MARCO passage folder (https://microsoft.github.io/msmarco/)::
     qrels.{split}.tsv       qid <TAB> 0 <TAB> pid <TAB> relevance   (TREC qrels; whitespace also accepted)
 
 Every malformed line raises :class:`DataFormatError`, whose message starts with
-``FILE:LINE:`` so that a user can open the file at the offending line.
+``FILE:LINE:`` so that a user can open the file at the offending line; so do
+inputs that would make every result meaningless: an empty corpus or queries
+file, a split with no relevant judgement, a judgement given twice.
 """
 import json
 import math
@@ -22,6 +24,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from examples.retrieval.common import atomic_path  # noqa: E402
 
 
 class DataFormatError(ValueError):
@@ -47,6 +54,11 @@ class RetrievalData:
     # qrels whose document is missing from the corpus: kept in ``qrels`` (they
     # count against recall, as in trec_eval) but unusable as training positives
     missing_docs: int = 0
+    # where it came from, so that later errors (e.g. "no negatives possible")
+    # can name the folder and file the user has to look at
+    folder: str = ""
+    corpus_path: str = ""
+    qrels_path: str = ""
 
     def positives(self, qid: str) -> List[str]:
         return [d for d, r in self.qrels.get(qid, {}).items() if r > 0 and d in self.corpus]
@@ -62,6 +74,7 @@ class RetrievalData:
             queries={q: t for q, t in self.queries.items() if q in keep},
             qrels={q: r for q, r in self.qrels.items() if q in keep},
             name=self.name, split=self.split, missing_docs=self.missing_docs,
+            folder=self.folder, corpus_path=self.corpus_path, qrels_path=self.qrels_path,
         )
 
 
@@ -71,8 +84,13 @@ def _lines(path: Path) -> Iterator[Tuple[int, str]]:
     Lines are decoded one by one so that bad UTF-8 is reported with its line.
     """
     if not path.is_file():
-        raise DataFormatError(path, None, "file not found")
-    with open(path, "rb") as f:
+        # a folder or a FIFO is not read: opening a FIFO would wait forever for a writer
+        raise DataFormatError(path, None, "not a regular file" if path.exists() else "file not found")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataFormatError(path, None, f"cannot read: {e.strerror}") from None
+    with f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
@@ -83,6 +101,29 @@ def _lines(path: Path) -> Iterator[Tuple[int, str]]:
                 line = line[1:]
             if line.strip():
                 yield lineno, line
+
+
+def _check_id(value: str, path: Path, lineno: int, what: str) -> str:
+    """Ids are matched across files and written to whitespace-separated TREC
+    run files: an empty id, or one with blanks in it, cannot survive that."""
+    if not value:
+        raise DataFormatError(path, lineno, f"empty {what} id")
+    if any(c.isspace() for c in value):
+        raise DataFormatError(path, lineno, f"{what} id {value!r} contains whitespace "
+                                            "(TREC run and qrels files separate columns by whitespace)")
+    return value
+
+
+def _json_id(value, path: Path, lineno: int, what: str) -> str:
+    # str(None) == "None", str(1.5) == "1.5", str(True) == "True": only strings
+    # and integers are ids; bool is an int subclass, so it is refused explicitly
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        kind = "null" if value is None else type(value).__name__
+        raise DataFormatError(path, lineno, f"field '_id' must be a string or an integer, got {kind}")
+    return _check_id(str(value), path, lineno, what)
+
+
+_PLURAL = {"query": "queries"}
 
 
 def _put(table: Dict[str, str], seen: Dict[str, int], key: str, value: str, path: Path, lineno: int, what: str):
@@ -115,7 +156,9 @@ def _read_jsonl(path: Path, what: str, text_fields: Sequence[str]) -> Dict[str, 
                 raise DataFormatError(path, lineno, f"field {name!r} must be a string, got {type(value).__name__}")
             if value.strip():
                 parts.append(value.strip())
-        _put(out, seen, str(obj["_id"]), " ".join(parts), path, lineno, what)
+        _put(out, seen, _json_id(obj["_id"], path, lineno, what), " ".join(parts), path, lineno, what)
+    if not out:
+        raise DataFormatError(path, None, f"no {_PLURAL.get(what, what + 's')} in the file (it is empty)")
     return out
 
 
@@ -127,10 +170,10 @@ def _read_tsv2(path: Path, what: str) -> Dict[str, str]:
         cols = line.split("\t", 1)
         if len(cols) != 2:
             raise DataFormatError(path, lineno, f"expected 2 tab-separated columns ({what} id, text), found 1")
-        key = cols[0].strip()
-        if not key:
-            raise DataFormatError(path, lineno, f"empty {what} id")
+        key = _check_id(cols[0].strip(), path, lineno, what)
         _put(out, seen, key, cols[1].strip(), path, lineno, what)
+    if not out:
+        raise DataFormatError(path, None, f"no {_PLURAL.get(what, what + 's')} in the file (it is empty)")
     return out
 
 
@@ -141,6 +184,7 @@ def _read_qrels(path: Path) -> Tuple[Dict[str, Dict[str, int]], Dict[str, int]]:
     """
     qrels: Dict[str, Dict[str, int]] = {}
     first_line: Dict[str, int] = {}
+    pair_line: Dict[Tuple[str, str], int] = {}
     for lineno, line in _lines(path):
         cols = line.split("\t") if "\t" in line else line.split()
         cols = [c.strip() for c in cols]
@@ -159,6 +203,14 @@ def _read_qrels(path: Path) -> Tuple[Dict[str, Dict[str, int]], Dict[str, int]]:
             raise DataFormatError(path, lineno, f"relevance {rel!r} is not an integer")
         if not qid or not did:
             raise DataFormatError(path, lineno, "empty query or document id")
+        _check_id(qid, path, lineno, "query")
+        _check_id(did, path, lineno, "document")
+        # a second judgement of the same pair would silently replace the first
+        # (e.g. "1" then "0" drops the query from the metrics): refuse, as for ids
+        if (qid, did) in pair_line:
+            raise DataFormatError(path, lineno, f"duplicate judgement of query {qid!r} and document {did!r} "
+                                                f"(first on line {pair_line[qid, did]})")
+        pair_line[qid, did] = lineno
         qrels.setdefault(qid, {})[did] = int(rel)
         first_line.setdefault(qid, lineno)
     return qrels, first_line
@@ -172,17 +224,26 @@ def _is_int(s: str) -> bool:
         return False
 
 
-def _join(corpus, queries, qrels, first_line, qrels_path, name, split) -> RetrievalData:
+def _join(corpus, queries, qrels, first_line, qrels_path, name, split, folder, corpus_path) -> RetrievalData:
     for qid in qrels:
         if qid not in queries:
             raise DataFormatError(qrels_path, first_line[qid], f"query id {qid!r} is not in the queries file")
+    # Metrics average over the queries with a relevant document; with none of
+    # them every metric would print as 0.0, which looks like a (bad) result.
+    if not qrels:
+        raise DataFormatError(qrels_path, None, "no judgements in the file (it is empty or only a header): "
+                                                "nothing to evaluate or train on")
+    if not any(r > 0 for rels in qrels.values() for r in rels.values()):
+        raise DataFormatError(qrels_path, None, "no judgement has a score > 0, so no query has a relevant "
+                                                "document: nothing to evaluate or train on")
     missing = sum(1 for rels in qrels.values() for d in rels if d not in corpus)
     if missing:
         print(f"warning: {qrels_path}: {missing} judged documents are not in the corpus "
               "(kept for the metrics, skipped as training positives)", file=sys.stderr)
     # only judged queries: BEIR keeps every split's queries in one file
     queries = {q: t for q, t in queries.items() if q in qrels}
-    return RetrievalData(corpus, queries, qrels, name=name, split=split, missing_docs=missing)
+    return RetrievalData(corpus, queries, qrels, name=name, split=split, missing_docs=missing,
+                         folder=str(folder), corpus_path=str(corpus_path), qrels_path=str(qrels_path))
 
 
 def load_beir(folder, split: str) -> RetrievalData:
@@ -191,7 +252,8 @@ def load_beir(folder, split: str) -> RetrievalData:
     queries = _read_jsonl(folder / "queries.jsonl", "query", ("text",))
     qrels_path = folder / "qrels" / f"{split}.tsv"
     qrels, first_line = _read_qrels(qrels_path)
-    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split)
+    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder,
+                 folder / "corpus.jsonl")
 
 
 def load_msmarco(folder, split: str) -> RetrievalData:
@@ -200,11 +262,14 @@ def load_msmarco(folder, split: str) -> RetrievalData:
     queries = _read_tsv2(folder / f"queries.{split}.tsv", "query")
     qrels_path = folder / f"qrels.{split}.tsv"
     qrels, first_line = _read_qrels(qrels_path)
-    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split)
+    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder,
+                 folder / "collection.tsv")
 
 
 def detect_format(folder) -> str:
     folder = Path(folder)
+    if not folder.is_dir():
+        raise DataFormatError(folder, None, "data folder not found" if not folder.exists() else "not a folder")
     if (folder / "corpus.jsonl").is_file():
         return "beir"
     if (folder / "collection.tsv").is_file():
@@ -220,18 +285,22 @@ def load_data(folder, split: str) -> RetrievalData:
 def write_beir(folder, corpus: Dict[str, str], queries: Dict[str, str],
                qrels_by_split: Dict[str, Dict[str, Dict[str, int]]],
                titles: Optional[Dict[str, str]] = None) -> Path:
-    """Write a BEIR folder (used for the retrieval set derived from raw text)."""
+    """Write a BEIR folder (used for the retrieval set derived from raw text).
+
+    Each file is written atomically; callers that need the folder as a whole to
+    appear at once build it beside its final place and rename it.
+    """
     folder = Path(folder)
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
-    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+    with atomic_path(folder / "corpus.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
         for did, text in corpus.items():
             obj = {"_id": did, "title": (titles or {}).get(did, ""), "text": text}
             f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    with open(folder / "queries.jsonl", "w", encoding="utf-8") as f:
+    with atomic_path(folder / "queries.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
         for qid, text in queries.items():
             f.write(json.dumps({"_id": qid, "text": text}, ensure_ascii=False) + "\n")
     for split, qrels in qrels_by_split.items():
-        with open(folder / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
+        with atomic_path(folder / "qrels" / f"{split}.tsv") as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write("query-id\tcorpus-id\tscore\n")
             for qid, rels in qrels.items():
                 for did, rel in rels.items():

@@ -22,6 +22,17 @@
   N steps counted within each epoch (sentence-transformers'
   ``evaluation_steps``) and at every epoch end, appended as JSON lines
   ``{"step", "MRR@10", "R@100", "nDCG@10"}`` to ``OUT/curve.jsonl`` (Figure 6a/b).
+* Hard negatives are documents not judged for the query.  A query with fewer
+  such documents than ``--num-negatives`` (tiny corpora) gets as many as exist,
+  with a note on stderr; batches only group examples with the same number of
+  texts, because MultipleNegativesRankingLoss stacks them column by column.
+  When no negative at all is possible (every document is judged for every
+  training query, e.g. a one-passage corpus) the run stops with an error that
+  names the data folder.
+* ``OUT`` is built under a temporary name beside it and renamed into place when
+  complete, with ``OUT/finetune.json`` as this tool's record: an existing
+  ``OUT`` is replaced only if it holds that record, a non-empty folder without
+  it is refused.
 
 Training uses sentence-transformers' own loop (``SentenceTransformer.old_fit``:
 AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
@@ -30,7 +41,10 @@ AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
 """
 import argparse
 import json
+import math
+import os
 import random
+import shutil
 import sys
 import time
 from collections import deque
@@ -45,11 +59,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.retrieval.bm25 import BM25  # noqa: E402
+from examples.retrieval.common import (  # noqa: E402
+    OutputError, apply_umask, check_output_dir, check_parents, fraction, nonneg_float, nonneg_int,
+    positive_float, positive_int, replace_dir, report, seed_int, temp_dir_beside, unit_interval,
+    write_json_atomic,
+)
 from examples.retrieval.data import DataFormatError, RetrievalData, load_data, subsample  # noqa: E402
 from examples.retrieval.evaluate import add_search_args, evaluate_model, index_kwargs  # noqa: E402
-from examples.retrieval.search import DenseRetriever, load_model  # noqa: E402
+from examples.retrieval.search import DenseRetriever, SearchError, load_model  # noqa: E402
 
 CURVE_METRICS = ("MRR@10", "R@100", "nDCG@10")
+TOOL = "examples/retrieval/finetune.py"
+RECORD = "finetune.json"  # this tool's record in OUT: what it may replace
 
 
 @dataclass
@@ -77,6 +98,35 @@ class FinetuneConfig:
     index: str = "flat"
     show_progress: bool = True
 
+    def validate(self) -> None:
+        """ValueError for settings that would hang, crash late or train on nothing."""
+        if self.negatives not in ("none", "bm25", "ance"):
+            raise ValueError(f"negatives must be none, bm25 or ance, got {self.negatives!r}")
+        if self.loss not in ("mnrl", "triplet"):
+            raise ValueError(f"loss must be mnrl or triplet, got {self.loss!r}")
+        if self.loss == "triplet" and self.negatives == "none":
+            raise ValueError("--loss triplet needs negatives: use --negatives bm25 or ance")
+        if self.loss == "triplet" and self.num_negatives < 1:
+            raise ValueError("--loss triplet needs --num-negatives >= 1")
+        if self.ance_first not in ("dense", "bm25"):
+            raise ValueError(f"ance_first must be dense or bm25, got {self.ance_first!r}")
+        at_least = {"batch_size": 1, "epochs": 1, "neg_top_k": 1, "ance_rounds": 1, "eval_k": 1,
+                    "encode_batch_size": 1, "num_negatives": 0, "eval_every": 0}
+        for name, low in at_least.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        ranges = {"train_fraction": (0, 1, False), "lr": (0, math.inf, False), "scale": (0, math.inf, False),
+                  "max_grad_norm": (0, math.inf, False), "warmup_ratio": (0, 1, True),
+                  "weight_decay": (0, math.inf, True), "margin": (0, math.inf, True)}
+        for name, (low, high, low_ok) in ranges.items():
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and math.isfinite(value) and value <= high and (
+                value >= low if low_ok else value > low)
+            if not ok:
+                raise ValueError(f"{name} must be a finite number {'>=' if low_ok else '>'} {low}"
+                                 f"{'' if high == math.inf else f' and <= {high}'}, got {value!r}")
+
 
 def neg_dot_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TripletLoss minimises d(q,d+) - d(q,d-) + margin; with d = -dot this is the paper's loss."""
@@ -84,16 +134,23 @@ def neg_dot_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class NoDuplicateBatches:
-    """Batch sampler: reshuffled every epoch, no text twice in one batch.
+    """Batch sampler: reshuffled every epoch, no text twice in one batch, and
+    every example of a batch with the same number of texts.
 
     With in-batch negatives a passage that is one query's positive and another's
     hard negative in the same batch would be a false negative.  The library's
     NoDuplicatesDataLoader loops forever when a batch cannot be filled, so
-    conflicting examples are deferred to a later batch instead.
+    conflicting examples are deferred to a later batch instead.  Examples of
+    queries that got fewer hard negatives (tiny corpora) are deferred the same
+    way: the collate function zips the texts column by column, so a mixed batch
+    would silently drop the extra negatives of the longer examples.
     """
 
     def __init__(self, examples, batch_size: int, seed: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.keys = [frozenset(t.strip().lower() for t in ex.texts) for ex in examples]
+        self.sizes = [len(ex.texts) for ex in examples]
         self.batch_size = batch_size
         self.rng = random.Random(seed)
 
@@ -103,14 +160,15 @@ class NoDuplicateBatches:
     def __iter__(self):
         pending = deque(self.rng.sample(range(len(self.keys)), len(self.keys)))
         for _ in range(len(self)):
-            batch, seen, deferred = [], set(), []
+            batch, seen, deferred, size = [], set(), [], None
             while pending and len(batch) < self.batch_size:
                 i = pending.popleft()
-                if self.keys[i] & seen:
+                if self.keys[i] & seen or (size is not None and self.sizes[i] != size):
                     deferred.append(i)
                 else:
                     batch.append(i)
                     seen |= self.keys[i]
+                    size = self.sizes[i]
             pending.extendleft(reversed(deferred))
             if not batch:
                 return
@@ -174,25 +232,110 @@ def _ranked_non_positives(scores: Dict[str, float], rels: Dict[str, int], k: int
     return [d for d in ranked if d not in rels][:k]
 
 
+def unjudged_count(data: RetrievalData, qid: str) -> int:
+    """How many corpus documents could be a negative of ``qid``: every judged
+    document is excluded (a judged 0 may be a near-miss label)."""
+    return len(data.corpus) - sum(1 for d in data.qrels.get(qid, {}) if d in data.corpus)
+
+
+def negatives_per_query(data: RetrievalData, qids: Sequence[str], cfg: FinetuneConfig) -> Dict[str, int]:
+    """Hard negatives each query gets: ``--num-negatives``, or fewer when the
+    corpus does not have that many documents left once the query's judged ones
+    are excluded."""
+    if cfg.negatives == "none":
+        return {q: 0 for q in qids}
+    return {q: min(cfg.num_negatives, unjudged_count(data, q)) for q in qids}
+
+
+def check_training_data(data: RetrievalData, cfg: FinetuneConfig, qids: Optional[Sequence[str]] = None,
+                        log: bool = True) -> List[str]:
+    """The training queries (with a positive in the corpus), or a :class:`DataFormatError`
+    naming the data when the loss could not get a single negative.
+
+    Called before any model is loaded or output written.  Logs a note (unless
+    ``log`` is False) when some queries get fewer hard negatives than asked for.
+    """
+    where = data.folder or data.name or "training data"
+    if qids is None:
+        qids = [q for q in data.query_ids() if data.positives(q)]
+    if not qids:
+        raise DataFormatError(data.qrels_path or where, None,
+                              f"no training query of split {data.split!r} has a relevant document that is in "
+                              f"the corpus ({data.missing_docs} judged documents are missing from it)")
+    counts = negatives_per_query(data, qids, cfg)
+    n_docs = len(data.corpus)
+    if cfg.loss == "triplet" and not any(counts.values()):
+        raise DataFormatError(where, None, f"no negatives possible: each of the {n_docs} corpus documents is "
+                                           "judged for every training query, and --loss triplet needs a "
+                                           "document that is not judged for the query")
+    if cfg.loss == "mnrl" and not any(counts.values()):
+        # no hard negative anywhere: only in-batch negatives, i.e. other queries'
+        # positives, and a batch never holds the same text twice
+        distinct = {data.corpus[d].strip().lower() for q in qids for d in data.positives(q)}
+        if len(distinct) < 2:
+            raise DataFormatError(where, None, f"no negatives possible: the corpus has {n_docs} document(s), "
+                                               "each judged for every training query, and every training query "
+                                               "has the same positive passage, so the loss has nothing to rank "
+                                               "it against")
+    short = [q for q in qids if counts[q] < cfg.num_negatives] if cfg.negatives != "none" else []
+    if short and log:
+        fewest = min(counts[q] for q in short)
+        print(f"note: {where}: {len(short)} of {len(qids)} training queries have fewer than {cfg.num_negatives} "
+              f"unjudged documents in the corpus ({n_docs} documents), so they get fewer hard negatives "
+              f"(as few as {fewest}, e.g. query {short[0]!r})", file=sys.stderr)
+    return list(qids)
+
+
+def sample_negatives(pool: Sequence[str], doc_ids: Sequence[str], judged, want: int,
+                     rng: random.Random) -> List[str]:
+    """``want`` distinct documents, none judged for the query: from the mined
+    ``pool`` first, then at random from the whole corpus.  Fewer only if the
+    corpus has fewer; ``want`` must not exceed what it has (see
+    :func:`negatives_per_query`), but even then this returns instead of looping.
+    """
+    negs = rng.sample(list(pool), min(want, len(pool)))
+    if len(negs) >= want:
+        return negs
+    # too few mined candidates (tiny corpora, queries without BM25 matches): pad
+    # at random.  Rejection sampling is fast when the judged documents are a small
+    # part of the corpus, but the draws are bounded: in a tiny corpus they could
+    # keep hitting judged documents, so the rest is picked from an explicit list.
+    taken = set(negs)
+    for _ in range(4 * want + 16):
+        if len(negs) >= want:
+            return negs
+        d = rng.choice(doc_ids)
+        if d not in judged and d not in taken:
+            negs.append(d)
+            taken.add(d)
+    if len(negs) < want:
+        rest = [d for d in doc_ids if d not in judged and d not in taken]
+        negs.extend(rng.sample(rest, min(want - len(negs), len(rest))))
+    return negs
+
+
 def build_examples(data: RetrievalData, qids: Sequence[str], negatives: Optional[Dict[str, List[str]]],
                    cfg: FinetuneConfig, rng: random.Random):
+    """InputExamples: (query, positive, hard negatives...) for MNRL, one
+    (query, positive, negative) triplet per negative for the triplet loss.
+
+    A query gets ``negatives_per_query`` hard negatives (fewer than
+    ``cfg.num_negatives`` only in tiny corpora); with the triplet loss a query
+    without any gives no example.
+    """
     from sentence_transformers import InputExample
 
     doc_ids = list(data.corpus)
+    counts = negatives_per_query(data, qids, cfg)
     examples = []
     for q in qids:
+        judged = data.qrels.get(q, {})
         for pos in data.positives(q):
-            if negatives is None:
-                examples.append(InputExample(texts=[data.queries[q], data.corpus[pos]]))
-                continue
-            pool = negatives.get(q, [])
-            negs = rng.sample(pool, min(cfg.num_negatives, len(pool)))
-            # too few mined candidates (tiny corpora, queries without BM25 matches): pad at random
-            while len(negs) < cfg.num_negatives:
-                d = rng.choice(doc_ids)
-                if d not in data.qrels.get(q, {}) and d not in negs:
-                    negs.append(d)
             texts = [data.queries[q], data.corpus[pos]]
+            if negatives is None:
+                examples.append(InputExample(texts=texts))
+                continue
+            negs = sample_negatives(negatives.get(q, []), doc_ids, judged, counts[q], rng)
             if cfg.loss == "triplet":
                 examples.extend(InputExample(texts=texts + [data.corpus[n]]) for n in negs)
             else:
@@ -220,14 +363,13 @@ def finetune(model, train: RetrievalData, cfg: FinetuneConfig, dev: Optional[Ret
     """Fine-tune ``model`` (a SentenceTransformer) in place; returns a summary."""
     from torch.utils.data import DataLoader
 
-    if cfg.loss == "triplet" and cfg.negatives == "none":
-        raise ValueError("--loss triplet needs negatives: use --negatives bm25 or ance")
+    cfg.validate()
     seed_everything(cfg.seed)
     rng = random.Random(cfg.seed)
     qids = [q for q in train.query_ids() if train.positives(q)]
-    if not qids:
-        raise ValueError(f"no training query of split {train.split!r} has a positive document in the corpus")
-    qids = subsample(qids, cfg.train_fraction, cfg.seed)
+    if qids:
+        qids = subsample(qids, cfg.train_fraction, cfg.seed)
+    qids = check_training_data(train, cfg, qids)
     loss = make_loss(model, cfg)
     evaluator = CurveEvaluator(dev, cfg, curve_path, **index_kw) if dev is not None else None
     if curve_path is not None:
@@ -243,6 +385,8 @@ def finetune(model, train: RetrievalData, cfg: FinetuneConfig, dev: Optional[Ret
         else:
             negatives = None
         examples = build_examples(train, qids, negatives, cfg, rng)
+        if not examples:  # check_training_data rules this out; an empty loader would train 0 steps
+            raise DataFormatError(train.folder or train.name, None, "no training example could be built")
         n_examples = len(examples)
         loader = DataLoader(examples, batch_sampler=NoDuplicateBatches(examples, cfg.batch_size, cfg.seed + r))
         steps = len(loader) * cfg.epochs
@@ -270,34 +414,57 @@ def finetune(model, train: RetrievalData, cfg: FinetuneConfig, dev: Optional[Ret
             "rounds": rounds, "curve": evaluator.history if evaluator else []}
 
 
+def is_finetune_record(path: Path) -> bool:
+    """Is ``path`` a ``finetune.json`` this tool wrote (also before it named itself in it)?"""
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rec, dict) and (rec.get("tool") == TOOL or {"config", "steps", "train_queries"} <= rec.keys())
+
+
+def _make_parents(folder: Path) -> List[Path]:
+    """mkdir -p ``folder``; returns the folders it created, deepest last."""
+    created = []
+    for d in reversed([folder, *folder.parents]):
+        if not d.exists():
+            d.mkdir(exist_ok=True)
+            created.append(d)
+    return created
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="exported HF / sentence-transformers folder to start from")
     p.add_argument("--data", required=True, help="BEIR or MS MARCO folder")
     p.add_argument("--split", default="train")
-    p.add_argument("--out", required=True, help="where the fine-tuned sentence-transformers model goes")
+    p.add_argument("--out", required=True,
+                   help="where the fine-tuned sentence-transformers model goes: a new or empty folder, or an "
+                        "earlier output of this tool (it has finetune.json), which is replaced")
     p.add_argument("--dev-split", default=None,
                    help="split for the dev curve (default with --eval-every: 'dev' if the folder has it)")
     d = FinetuneConfig()
     p.add_argument("--negatives", choices=("bm25", "ance", "none"), default=d.negatives)
     p.add_argument("--loss", choices=("mnrl", "triplet"), default=d.loss)
-    p.add_argument("--train-fraction", type=float, default=d.train_fraction)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--train-batch-size", type=int, default=d.batch_size, help="queries per step")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--epochs", type=int, default=d.epochs, help="epochs (per round with --negatives ance)")
-    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--num-negatives", type=int, default=d.num_negatives, help="hard negatives per query")
-    p.add_argument("--neg-top-k", type=int, default=d.neg_top_k, help="sample hard negatives from this top-k")
-    p.add_argument("--ance-rounds", type=int, default=d.ance_rounds)
+    p.add_argument("--train-fraction", type=fraction, default=d.train_fraction)
+    p.add_argument("--seed", type=seed_int, default=d.seed)
+    p.add_argument("--train-batch-size", type=positive_int, default=d.batch_size, help="queries per step")
+    p.add_argument("--lr", type=positive_float, default=d.lr)
+    p.add_argument("--epochs", type=positive_int, default=d.epochs, help="epochs (per round with --negatives ance)")
+    p.add_argument("--warmup-ratio", type=unit_interval, default=d.warmup_ratio)
+    p.add_argument("--weight-decay", type=nonneg_float, default=d.weight_decay)
+    p.add_argument("--num-negatives", type=nonneg_int, default=d.num_negatives,
+                   help="hard negatives per query (fewer, with a note, when the corpus has fewer unjudged documents)")
+    p.add_argument("--neg-top-k", type=positive_int, default=d.neg_top_k,
+                   help="sample hard negatives from this top-k")
+    p.add_argument("--ance-rounds", type=positive_int, default=d.ance_rounds)
     p.add_argument("--ance-first", choices=("dense", "bm25"), default=d.ance_first,
                    help="negatives of the first ANCE round: the starting model's own top-k, or BM25")
-    p.add_argument("--margin", type=float, default=d.margin, help="triplet margin")
-    p.add_argument("--scale", type=float, default=d.scale, help="MNRL logit scale (1 = raw dot product)")
-    p.add_argument("--eval-every", type=int, default=0,
+    p.add_argument("--margin", type=nonneg_float, default=d.margin, help="triplet margin")
+    p.add_argument("--scale", type=positive_float, default=d.scale, help="MNRL logit scale (1 = raw dot product)")
+    p.add_argument("--eval-every", type=nonneg_int, default=0,
                    help="dev metrics every N steps within an epoch (0: step 0 and epoch ends only)")
-    p.add_argument("--eval-k", type=int, default=d.eval_k)
+    p.add_argument("--eval-k", type=positive_int, default=d.eval_k)
     p.add_argument("--no-progress", action="store_true")
     add_search_args(p)
     args = p.parse_args(argv)
@@ -310,33 +477,60 @@ def main(argv: Optional[List[str]] = None) -> int:
         eval_every=args.eval_every, eval_k=args.eval_k, encode_batch_size=args.batch_size,
         precision=args.precision, index=args.index, show_progress=not args.no_progress,
     )
+    try:
+        cfg.validate()  # flag combinations (e.g. --loss triplet --negatives none)
+    except ValueError as e:
+        p.error(str(e))
     data_dir = Path(args.data)
+    # absolute and normalised ("." or "x/.." included): the staging folder goes beside it
+    out = Path(os.path.abspath(args.out))
     dev_split = args.dev_split
     # dev evaluation re-encodes the whole corpus: only when a curve is asked for
     if dev_split is None and args.eval_every > 0 and (
             (data_dir / "qrels" / "dev.tsv").is_file() or (data_dir / "qrels.dev.tsv").is_file()):
         dev_split = "dev"
+    t0 = time.time()
+    staging, created = None, []
     try:
+        # every check that can fail runs before the model is loaded and before
+        # anything is created, so a refused run leaves nothing behind
+        check_output_dir(out, RECORD, "finetune.py", is_own=is_finetune_record)
+        check_parents(out)
         train = load_data(data_dir, args.split)
         dev = load_data(data_dir, dev_split) if dev_split else None
-    except DataFormatError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.time()
-    model = load_model(args.model, args.device, args.max_seq_length)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = finetune(model, train, cfg, dev=dev, curve_path=out / "curve.jsonl" if dev else None,
-                       **index_kwargs(args))
-    model.save(str(out))
-    summary.update(config=asdict(cfg), model=str(args.model), data=str(data_dir), split=args.split,
-                   dev_split=dev_split, seconds=round(time.time() - t0, 1))
-    (out / "finetune.json").write_text(json.dumps(summary, indent=2) + "\n")
+        qids = [q for q in train.query_ids() if train.positives(q)]
+        check_training_data(train, cfg, subsample(qids, cfg.train_fraction, cfg.seed) if qids else qids,
+                            log=False)
+        model = load_model(args.model, args.device, args.max_seq_length)
+        # The model folder is built under a temporary name beside OUT and renamed
+        # over it when complete: a kill leaves OUT as it was, and never half-written.
+        created = _make_parents(out.parent)
+        staging = temp_dir_beside(out)
+        summary = finetune(model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None,
+                           **index_kwargs(args))
+        model.save(str(staging))
+        apply_umask(staging)
+        summary.update(tool=TOOL, config=asdict(cfg), model=str(args.model), data=str(data_dir),
+                       split=args.split, dev_split=dev_split, seconds=round(time.time() - t0, 1))
+        write_json_atomic(staging / RECORD, summary)  # the record last: its presence means complete
+        # OUT may have changed during training: check again right before replacing it
+        check_output_dir(out, RECORD, "finetune.py", is_own=is_finetune_record)
+        replace_dir(staging, out)
+        staging = None
+    except (DataFormatError, OutputError, SearchError) as e:
+        return report(e)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+            for folder in reversed(created):  # parents this run made for OUT, if still empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
     last = summary["curve"][-1] if summary["curve"] else {}
-    print(json.dumps({"out": str(out), "steps": summary["steps"], "train_queries": summary["train_queries"],
+    print(json.dumps({"out": str(args.out), "steps": summary["steps"], "train_queries": summary["train_queries"],
                       **{k: v for k, v in last.items() if k in CURVE_METRICS}}))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,6 +7,7 @@ metric) as one JSON object on its last line.
 """
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
@@ -17,6 +18,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from examples.retrieval.common import (  # noqa: E402
+    OutputError, atomic_path, check_parents, positive_int, report, seed_int,
+)
 from examples.retrieval.data import DataFormatError  # noqa: E402
 
 # Display name -> ir_measures measure.  ir_measures calls MRR "RR"; MS MARCO
@@ -39,8 +43,13 @@ def per_query(qrels: Qrels, run: Run, names: Sequence[str] = tuple(MEASURES)) ->
     query that retrieved nothing must count as 0 (trec_eval ``-c``), otherwise
     a system could look better by returning nothing for hard queries, and the
     paired test would compare different query sets.
+
+    Raises ValueError when no query has a relevant document: the mean over no
+    query is not 0, and printing 0.0 would look like a real (bad) result.
     """
     judged = [q for q, rels in qrels.items() if any(r > 0 for r in rels.values())]
+    if not judged:
+        raise ValueError("no judged query (none has a document with relevance > 0): nothing to evaluate")
     measures = [MEASURES[n] for n in names]
     values = {n: {q: 0.0 for q in judged} for n in names}
     by_measure = {m: n for n, m in zip(names, measures)}
@@ -53,7 +62,10 @@ def per_query(qrels: Qrels, run: Run, names: Sequence[str] = tuple(MEASURES)) ->
 
 
 def aggregate(values: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
-    return {n: float(np.mean(list(v.values()))) if v else 0.0 for n, v in values.items()}
+    empty = [n for n, v in values.items() if not v]
+    if empty:
+        raise ValueError(f"no query values for {', '.join(empty)}: a mean over no query is not a result")
+    return {n: float(np.mean(list(v.values()))) for n, v in values.items()}
 
 
 def evaluate(qrels: Qrels, run: Run, names: Sequence[str] = tuple(MEASURES)) -> Dict[str, float]:
@@ -79,7 +91,9 @@ def permutation_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 
         raise ValueError("paired samples must be 1-D and of equal length")
     n = len(d)
     if n == 0:
-        return 1.0
+        raise ValueError("no paired values: a p-value needs at least one query")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     observed = abs(d.mean())
     # tolerance: float sums in a different order must not turn a tie into "less extreme"
     tol = 1e-12 * max(1.0, np.abs(d).max())
@@ -112,10 +126,81 @@ def compare(qrels: Qrels, run_a: Run, run_b: Run, names: Sequence[str] = tuple(M
 # TREC run files
 # ---------------------------------------------------------------------------
 
-def write_trec_run(run: Run, path, tag: str = "dense") -> Path:
+def _trec_line_problem(line: str) -> Optional[str]:
+    """None for a valid ``qid Q0 docid rank score tag`` line, else what is wrong."""
+    cols = line.split()
+    if len(cols) != 6:
+        return f"expected 6 columns (qid Q0 docid rank score tag), found {len(cols)}"
+    try:
+        int(cols[3])
+    except ValueError:
+        return f"rank {cols[3]!r} is not an integer"
+    try:
+        score = float(cols[4])
+    except ValueError:
+        return f"score {cols[4]!r} is not a number"
+    if not math.isfinite(score):
+        return f"score {cols[4]!r} is not a finite number"
+    return None
+
+
+def _run_lines(path: Path):
+    """(line number, text) of the non-blank lines; bad UTF-8 is a DataFormatError with its line."""
+    if not path.is_file():
+        # a folder or a FIFO is not read: opening a FIFO would wait forever for a writer
+        raise DataFormatError(path, None, "not a regular file" if path.exists() else "file not found")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataFormatError(path, None, f"cannot read: {e.strerror}") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataFormatError(path, lineno, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            if line.strip():
+                yield lineno, line
+
+
+def is_trec_run(path) -> bool:
+    """Is ``path`` an empty file or a readable TREC run?  (Reads the whole file:
+    a run that only starts like one is someone else's file.)"""
+    try:
+        return all(_trec_line_problem(line) is None for _, line in _run_lines(Path(path)))
+    except DataFormatError:
+        return False
+
+
+def check_run_output(path) -> Path:
+    """May a tool write its TREC run to ``path``?  Raises :class:`OutputError` if not.
+
+    A run file is the tool's own output when it reads as a TREC run (or is
+    empty): rerunning the same command must be able to replace it.  Anything
+    else (a folder, a device such as /dev/null, a corpus passed by mistake) is
+    the user's and is never overwritten.  Called before the work starts, so a
+    bad ``--run`` costs nothing, and again by :func:`write_trec_run`.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    if path.is_symlink() and not path.exists():
+        raise OutputError(path, "is a broken symbolic link")
+    if not path.exists():
+        check_parents(path)
+        return path
+    if path.is_dir():
+        raise OutputError(path, "is a folder, not a TREC run file")
+    if not path.is_file():
+        raise OutputError(path, "exists and is not a regular file; refusing to replace it")
+    if not is_trec_run(path):
+        raise OutputError(path, "exists and is not a TREC run file (qid Q0 docid rank score tag); "
+                                "refusing to overwrite it: choose another --run")
+    return path
+
+
+def write_trec_run(run: Run, path, tag: str = "dense") -> Path:
+    """Write ``run`` atomically; an existing file is replaced only if it is a TREC run."""
+    path = check_run_output(path)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for qid, docs in run.items():
             ranked = sorted(docs.items(), key=lambda kv: (-kv[1], kv[0]))
             for rank, (did, score) in enumerate(ranked, 1):
@@ -127,21 +212,34 @@ def read_trec_run(path) -> Dict[str, Dict[str, float]]:
     """``qid Q0 docid rank score tag`` lines; errors name the file and line."""
     path = Path(path)
     run: Dict[str, Dict[str, float]] = {}
-    if not path.is_file():
-        raise DataFormatError(path, None, "file not found")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            cols = line.split()
-            if len(cols) != 6:
-                raise DataFormatError(path, lineno, f"expected 6 columns (qid Q0 docid rank score tag), found {len(cols)}")
-            try:
-                score = float(cols[4])
-            except ValueError:
-                raise DataFormatError(path, lineno, f"score {cols[4]!r} is not a number") from None
-            run.setdefault(cols[0], {})[cols[2]] = score
+    first: Dict[tuple, int] = {}
+    for lineno, line in _run_lines(path):
+        problem = _trec_line_problem(line)
+        if problem:
+            raise DataFormatError(path, lineno, problem)
+        cols = line.split()
+        # a document listed twice for a query would silently keep the last score
+        if (cols[0], cols[2]) in first:
+            raise DataFormatError(path, lineno, f"document {cols[2]!r} listed twice for query {cols[0]!r} "
+                                                f"(first on line {first[cols[0], cols[2]]})")
+        first[cols[0], cols[2]] = lineno
+        run.setdefault(cols[0], {})[cols[2]] = float(cols[4])
     return run
+
+
+def check_run_covers(run: Run, qrels: Qrels, path) -> None:
+    """Refuse a run that shares no query with the judged queries (the wrong
+    split or file: every metric would print as 0); warn about partial coverage."""
+    judged = {q for q, rels in qrels.items() if any(r > 0 for r in rels.values())}
+    if not run:
+        raise DataFormatError(path, None, "the run file is empty: no ranking to evaluate")
+    hit = judged & {q for q, docs in run.items() if docs}
+    if not hit:
+        raise DataFormatError(path, None, f"none of its {len(run)} queries is a judged query of the qrels "
+                                          "(wrong split or wrong run file?)")
+    if len(hit) < len(judged):
+        print(f"warning: {path}: {len(judged) - len(hit)} of {len(judged)} judged queries have no ranking "
+              "(each counts as 0)", file=sys.stderr)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -152,20 +250,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--split", default="test")
     p.add_argument("--run", required=True, help="TREC run file to score")
     p.add_argument("--baseline", help="second TREC run: adds its metrics and p-values of RUN vs BASELINE")
-    p.add_argument("--resamples", type=int, default=10000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=positive_int, default=10000)
+    p.add_argument("--seed", type=seed_int, default=0)
     args = p.parse_args(argv)
     try:
         data = load_data(args.data, args.split)
         run = read_trec_run(args.run)
+        check_run_covers(run, data.qrels, args.run)
         out = {"run": evaluate(data.qrels, run), "num_queries": len(data.query_ids())}
         if args.baseline:
             base = read_trec_run(args.baseline)
+            check_run_covers(base, data.qrels, args.baseline)
             out["baseline"] = evaluate(data.qrels, base)
             out["p_value"] = compare(data.qrels, run, base, n_resamples=args.resamples, seed=args.seed)
     except DataFormatError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report(e)
     print(json.dumps(out))
     return 0
 

@@ -4,11 +4,18 @@ Scores are inner products of [CLS] vectors, as in the paper (no
 normalisation), so every index below uses ``METRIC_INNER_PRODUCT``.
 """
 import contextlib
+import sys
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import faiss
 import numpy as np
 import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from examples.retrieval.data import DataFormatError  # noqa: E402
 
 # Named presets for ``--index``; anything else is passed to faiss.index_factory.
 INDEX_PRESETS = {
@@ -18,6 +25,11 @@ INDEX_PRESETS = {
     "pq": "PQ{pq_m}",
     "ivfpq": "IVF{nlist},PQ{pq_m}",
 }
+
+
+class SearchError(ValueError):
+    """Search settings that cannot work (an unknown ``--index`` string, PQ sizes
+    that do not fit the dimension, an empty corpus); ``str()`` is one line."""
 
 
 def pick_device(device: Optional[str] = None) -> str:
@@ -35,12 +47,54 @@ def autocast(device: str, precision: str):
 
 
 def load_model(path: str, device: Optional[str] = None, max_seq_length: Optional[int] = None):
-    from sentence_transformers import SentenceTransformer
+    """A SentenceTransformer from a local folder; a bad folder is a :class:`DataFormatError`.
 
-    model = SentenceTransformer(str(path), device=pick_device(device))
+    Only local folders: sentence-transformers would look a missing path up on
+    the Hugging Face hub (a network wait, then a long traceback).
+    """
+    folder = Path(path)
+    if not folder.exists():
+        raise DataFormatError(folder, None, "model folder not found")
+    if not folder.is_dir():
+        raise DataFormatError(folder, None, "not a folder (expected an exported or sentence-transformers model)")
+    from sentence_transformers import SentenceTransformer  # seconds to import: after the cheap checks
+
+    try:
+        model = SentenceTransformer(str(folder), device=pick_device(device), local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        lines = str(e).strip().splitlines()
+        raise DataFormatError(folder, None, f"cannot load a model from this folder: "
+                                            f"{lines[0] if lines else type(e).__name__}") from None
     if max_seq_length:
+        if max_seq_length < 1:
+            raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
+        limit = position_limit(model)
+        if limit is not None and max_seq_length > limit:
+            # more tokens than position embeddings: an index error deep in the
+            # model on the first long text; the model cannot read further anyway
+            print(f"note: {folder}: --max-seq-length {max_seq_length} is more than the model's {limit} "
+                  f"positions; using {limit}", file=sys.stderr)
+            max_seq_length = limit
         model.max_seq_length = max_seq_length
     return model
+
+
+def position_limit(model) -> Optional[int]:
+    """Tokens the model's position embeddings can take (None if unknown).
+
+    RoBERTa / XLM-R position ids start after the padding index, so they lose
+    ``pad_token_id + 1`` positions (66 embeddings -> 64 tokens).
+    """
+    try:
+        config = model[0].auto_model.config
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int):
+        return None
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= (config.pad_token_id if config.pad_token_id is not None else 1) + 1
+    return n if n > 0 else None
 
 
 def encode(model, texts: Sequence[str], batch_size: int = 64, precision: str = "fp32",
@@ -59,16 +113,24 @@ def encode(model, texts: Sequence[str], batch_size: int = 64, precision: str = "
 
 def build_index(emb: np.ndarray, kind: str = "flat", nlist: int = 1024, pq_m: int = 64,
                 hnsw_m: int = 32, nprobe: int = 32, ef_search: int = 128):
-    """An inner-product faiss index over ``emb``; trains IVF/PQ on ``emb`` itself."""
-    dim = emb.shape[1]
-    spec = INDEX_PRESETS.get(kind, kind)
+    """An inner-product faiss index over ``emb``; trains IVF/PQ on ``emb`` itself.
+
+    Raises :class:`SearchError` for an empty ``emb`` (faiss would fail an
+    assertion) and for settings faiss refuses.
+    """
+    if emb.ndim != 2 or emb.shape[0] == 0:
+        raise SearchError("cannot build an index over an empty corpus")
     # IVF needs fewer lists than training vectors; shrink rather than fail on small corpora
     nlist = max(1, min(nlist, emb.shape[0] // 39 or 1))
-    spec = spec.format(nlist=nlist, pq_m=pq_m, hnsw_m=hnsw_m)
-    index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
-    if not index.is_trained:
-        index.train(emb)
-    index.add(emb)
+    index = make_index(emb.shape[1], kind, nlist=nlist, pq_m=pq_m, hnsw_m=hnsw_m)
+    try:
+        if not index.is_trained:
+            index.train(emb)
+        index.add(emb)
+    except RuntimeError as e:
+        raise SearchError(f"--index {kind!r}: faiss cannot train it on {emb.shape[0]} vectors: "
+                          f"{_faiss_message(e)}") from None
+    spec = INDEX_PRESETS.get(kind, kind)
     ivf = faiss.try_extract_index_ivf(index) if "IVF" in spec else None
     if ivf is not None:
         ivf.nprobe = nprobe
@@ -77,8 +139,34 @@ def build_index(emb: np.ndarray, kind: str = "flat", nlist: int = 1024, pq_m: in
     return index
 
 
+def _faiss_message(e: Exception) -> str:
+    # faiss errors are multi-line C++ reports; the line naming the problem is enough
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    useful = [line for line in lines if line.lower().startswith("error")] or lines
+    return useful[0] if useful else type(e).__name__
+
+
+def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, hnsw_m: int = 32):
+    """An empty, untrained inner-product index; :class:`SearchError` for a spec faiss refuses.
+
+    Cheap, so callers check ``--index`` with it before encoding a corpus.
+    """
+    for name, value in (("nlist", nlist), ("pq_m", pq_m), ("hnsw_m", hnsw_m)):
+        if value < 1:
+            raise SearchError(f"{name} must be >= 1, got {value}")
+    spec = INDEX_PRESETS.get(kind, kind)
+    try:
+        spec = spec.format(nlist=nlist, pq_m=pq_m, hnsw_m=hnsw_m)
+        return faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+    except (RuntimeError, KeyError, IndexError, ValueError) as e:
+        raise SearchError(f"--index {kind!r}: faiss cannot build {spec!r} for dimension {dim}: "
+                          f"{_faiss_message(e)}") from None
+
+
 def search(index, queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
     """(scores, ids), each (n_queries, k'); k' = min(k, index size)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, index.ntotal)
     scores, ids = [], []
     for start in range(0, len(queries), batch_size):
@@ -107,6 +195,11 @@ class DenseRetriever:
         self.batch_size = batch_size
         self.precision = precision
         self.show_progress = show_progress
+        if not self.doc_ids:
+            raise SearchError("cannot build an index over an empty corpus")
+        # a bad --index must fail before the corpus is encoded, not after
+        make_index(model.get_embedding_dimension(), index,
+                   **{k: v for k, v in index_kwargs.items() if k in ("pq_m", "hnsw_m")})
         emb = encode(model, [corpus[d] for d in self.doc_ids], batch_size, precision, show_progress, "corpus")
         self.index = build_index(emb, index, **index_kwargs)
 
