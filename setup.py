@@ -43,7 +43,8 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "seed-drop-decoder=seed_fairseq.drop_decoder:main",
+            "seed-drop-heads=seed_fairseq.drop_heads:main",
+            "seed-drop-decoder=seed_fairseq.drop_heads:main",  # the 0.1 name
         ],
     },
 )

@@ -1,12 +1,15 @@
-"""Drop the weak decoder after pre-training (the paper discards it).
+"""Drop the pre-training-only modules (decoders, heads) after pre-training.
 
-    python -m seed_fairseq.drop_decoder CHECKPOINT OUT.pt [--data DATA_BIN]
+    seed-drop-heads CHECKPOINT OUT.pt [--data DATA_BIN]
+    (also: seed-drop-decoder, python -m seed_fairseq.drop_heads / .drop_decoder)
 
 writes an encoder-only checkpoint that stock fairseq loads as a ``roberta``
 model (``RobertaModel.from_pretrained``, ``--restore-file`` for
 ``sentence_prediction`` fine-tuning, ...) without this plugin and under
 torch's safe ``weights_only`` loading: it holds tensors and plain
-containers only (no optimizer state, no pickled config objects).
+containers only (no optimizer state, no pickled config objects).  What is
+dropped is what the model class declares (``pretraining_only_prefixes``,
+``pretraining_only_config_prefixes``; see ``models/bottleneck.py``).
 
 Before anything is written, the encoder-only model is loaded back through
 fairseq and its features are compared with the full model's on the same
@@ -31,29 +34,30 @@ from .checkpoint import (
 )
 from .fileio import OutputError, atomic_path
 
-logger = logging.getLogger("seed_fairseq.drop_decoder")
+logger = logging.getLogger("seed_fairseq.drop_heads")
 
-DECODER_PREFIX = "weak_decoder."
-MODEL_KEYS_ONLY_FOR_DECODER = ("decoder_",)
+# what extra_state["seed_fairseq"]["source"] says in this tool's outputs (older name first)
+SOURCES = ("drop_decoder", "drop_heads")
 
 
-def drop_decoder(state: dict) -> dict:
-    """Pure function: a ``seed_encoder`` checkpoint dict -> an encoder-only
-    RoBERTa checkpoint dict (the input is not modified)."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+def drop_heads(state: dict) -> dict:
+    """Pure function: a checkpoint dict of one of the plugin's pre-training models
+    -> an encoder-only RoBERTa checkpoint dict (the input is not modified)."""
     from fairseq.tasks.masked_lm import MaskedLMConfig
 
-    from . import models  # noqa: F401  (registers the seed_encoder archs)
+    from .models import pretraining_model_class
 
     cfg = plain_config(state.get("cfg"))
     if not cfg or "model" not in cfg:
         raise ValueError("not a fairseq checkpoint with a config (no 'cfg' entry)")
     model_cfg = dict(cfg["model"])
     name = model_cfg.get("_name") or model_cfg.get("arch")
-    if ARCH_MODEL_NAME_REGISTRY.get(name, name) != "seed_encoder":
-        raise ValueError(f"expected a seed_encoder checkpoint, got model/arch {name!r}")
+    model_class = pretraining_model_class(name)
+    if model_class is None:
+        raise ValueError(f"expected a checkpoint of one of this plugin's pre-training models, got model/arch {name!r}")
+    prefixes = model_class.pretraining_only_prefixes
     model_cfg = {
-        k: v for k, v in model_cfg.items() if not k.startswith(MODEL_KEYS_ONLY_FOR_DECODER)
+        k: v for k, v in model_cfg.items() if not k.startswith(model_class.pretraining_only_config_prefixes)
     }
     model_cfg["_name"] = "roberta"
     model_cfg["arch"] = "roberta"
@@ -71,11 +75,9 @@ def drop_decoder(state: dict) -> dict:
     for key in ("optimizer", "lr_scheduler", "bmuf", "ema"):
         new_cfg.pop(key, None)
 
-    weights = {
-        k: v.clone() for k, v in state["model"].items() if not k.startswith(DECODER_PREFIX)
-    }
-    if len(weights) == len(state["model"]):
-        logger.warning("the checkpoint has no weak decoder weights")
+    weights = {k: v.clone() for k, v in state["model"].items() if not k.startswith(prefixes)}
+    if prefixes and len(weights) == len(state["model"]):
+        logger.warning(f"the checkpoint has no pre-training-only weights ({', '.join(prefixes)})")
     num_updates = 0
     if state.get("optimizer_history"):
         num_updates = int(state["optimizer_history"][-1].get("num_updates", 0))
@@ -92,7 +94,7 @@ def drop_decoder(state: dict) -> dict:
         "extra_state": {
             "epoch": 1,
             "train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True, "version": 2},
-            "seed_fairseq": {"source": "drop_decoder", "pretrain_updates": num_updates},
+            "seed_fairseq": {"source": "drop_heads", "pretrain_updates": num_updates, "model": name},
         },
         "last_optimizer_state": None,
     }
@@ -110,11 +112,11 @@ def _is_own_output(path) -> bool:
         state = peek_checkpoint(path)
     except CheckpointError:
         return False
-    return ((state.get("extra_state") or {}).get("seed_fairseq") or {}).get("source") == "drop_decoder"
+    return ((state.get("extra_state") or {}).get("seed_fairseq") or {}).get("source") in SOURCES
 
 
 def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
-    """Load CHECKPOINT (plugin imported), drop the decoder, verify, write OUT atomically.
+    """Load CHECKPOINT (plugin imported), drop the heads, verify, write OUT atomically.
 
     OUT may be replaced only when it is an earlier output of this tool.
     """
@@ -126,10 +128,10 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
     if out.is_dir():
         raise OutputError(out, "is a folder; give the path of the .pt file to write")
     if out.exists() and not _is_own_output(out):
-        raise OutputError(out, "exists and was not written by seed-drop-decoder; refusing to replace it")
+        raise OutputError(out, "exists and was not written by seed-drop-heads; refusing to replace it")
     state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)} if data else None)
     try:
-        encoder_state = drop_decoder(state)
+        encoder_state = drop_heads(state)
     except ValueError as e:
         raise CheckpointError(checkpoint, str(e)) from e
     data_dir = recorded_data_dir(state)  # --data when given (overridden above)
@@ -141,7 +143,7 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
     dictionary.add_symbol("<mask>")
     check_dictionary(state, checkpoint, dict_path, len(dictionary))
 
-    # the state read above (drop_decoder cloned what it kept), not a second read of the file
+    # the state read above (drop_heads cloned what it kept), not a second read of the file
     models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], state=state)
     full = models[0].eval()
     with atomic_path(out, suffix=".pt") as tmp:
@@ -157,7 +159,7 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
         tokens[1, 11:] = d.pad()
         diff = (_encoder_features(full, tokens) - _encoder_features(encoder, tokens)).abs().max().item()
         if diff > atol:
-            raise RuntimeError(f"encoder features differ after dropping the decoder (max abs diff {diff:g})")
+            raise RuntimeError(f"encoder features differ after dropping the heads (max abs diff {diff:g})")
     logger.info(f"wrote {out}: encoder-only RoBERTa checkpoint (features match, max abs diff {diff:.2e})")
     return out
 
@@ -165,7 +167,7 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
 def main(argv=None):
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a seed_pretrain checkpoint (e.g. checkpoint_last.pt)")
+    parser.add_argument("checkpoint", help="a pre-training checkpoint of the plugin (e.g. checkpoint_last.pt)")
     parser.add_argument("out", help="where to write the encoder-only checkpoint")
     parser.add_argument("--data", help="data folder with dict.txt, if it moved since training")
     args = parser.parse_args(argv)
@@ -179,3 +181,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# the name of 0.1
+drop_decoder = drop_heads

@@ -236,7 +236,7 @@ def test_drop_decoder_replaces_only_its_own_output(trained_on_a, two_vocabularie
     mine.write_text("the user's file")
     proc = run([cli("seed-drop-decoder"), trained_on_a, mine, "--data", a])
     assert proc.returncode == 2
-    assert _last_line(proc.stderr) == f"error: {mine}: exists and was not written by seed-drop-decoder; " \
+    assert _last_line(proc.stderr) == f"error: {mine}: exists and was not written by seed-drop-heads; " \
                                       "refusing to replace it"
     assert mine.read_text() == "the user's file"
     out = tmp_path / "enc.pt"
@@ -315,13 +315,45 @@ def test_log_interval_without_masked_tokens_does_not_crash():
 
     from seed_fairseq.criterions.seed_pretrain import SeedPretrainCriterion
 
-    log = {"loss": 1.0, "mlm_nll": 0.0, "dec_nll": 5.0, "mlm_ntokens": 0, "dec_ntokens": 7, "mlm_correct": 0,
-           "dec_correct": 1, "ntokens": 8, "nsentences": 1, "mlm_weight": 0.5, "dec_weight": 0.5, "nlogs": 1}
+    log = {"loss": 1.0, "mlm_loss_sum": 0.0, "dec_loss_sum": 5.0, "mlm_ntokens": 0, "dec_ntokens": 7,
+           "mlm_correct": 0, "dec_correct": 1, "ntokens": 8, "nsentences": 1, "mlm_weight": 0.5, "dec_weight": 0.5,
+           "nlogs": 1}
     name = "test_interval_without_masked_tokens"
     with metrics.aggregate(name):
-        SeedPretrainCriterion.reduce_metrics([dict(log, mlm_nll=3.0, mlm_ntokens=2)])
+        SeedPretrainCriterion.reduce_metrics([dict(log, mlm_loss_sum=3.0, mlm_ntokens=2)])
     metrics.reset_meters(name)  # a new log interval, as fairseq does after every logged update
     with metrics.aggregate(name):
         SeedPretrainCriterion.reduce_metrics([log])
     values = metrics.get_smoothed_values(name)
     assert values["dec_loss"] > 0 and values["mlm_ppl"] != values["mlm_ppl"]  # nan
+
+
+EXIT_WHILE_PREFETCHING = r"""
+import sys, torch
+import seed_fairseq  # noqa: F401
+from fairseq.data import iterators
+torch.set_num_threads(1)
+
+
+class Source:  # builds every batch in C++ with the GIL released, like a collater
+    def __len__(self):
+        return 100
+
+    def __iter__(self):
+        a = torch.ones(1500, 1500)
+        while True:
+            yield a @ a
+
+
+itr = iterators.BufferedIterator(1, Source())
+next(itr)  # training stops (--max-update) while the prefetching thread builds the next batch
+"""
+
+
+def test_exit_while_prefetching_does_not_abort():
+    """Without the plugin's clean exit this aborts ("terminate called without an
+    active exception", exit code 134) every time, after the work is done."""
+    for _ in range(3):
+        proc = run([sys.executable, "-c", EXIT_WHILE_PREFETCHING], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "terminate called" not in proc.stderr

@@ -1,17 +1,15 @@
-"""Training through fairseq's real Trainer and CLIs: split invariance (update-freq
-and 2-process gloo), loss going down on real text, exact resume, tensorboard,
-and the encoder-only export."""
+"""Training SEED-Encoder through fairseq's real Trainer and CLIs: the gradient of
+an --update-freq split, loss going down on real text, tensorboard, safe loading
+and bad checkpoints.  What every objective guarantees (split invariance through
+the CLI, exact resume, head dropping, export) is in test_contract.py."""
 
 import copy
 import json
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import build_task_model
-from helpers import BIN, TINY_MODEL_ARGS, USER_DIR, check, cli, run, train_cmd
+from helpers import check, cli, run, train_cmd
 
 SGD_ONE_STEP = [
     # plain SGD with lr 1: the parameter change IS the gradient (Adam's first
@@ -81,46 +79,6 @@ def test_update_freq_gives_the_gradient_of_the_whole_batch(demo_data_bin):
         assert log_split[key] == pytest.approx(log_whole[key], rel=1e-6), key
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _one_update(data, save_dir, *extra, launcher=()):
-    cmd = [*launcher, *train_cmd(
-        data, save_dir, "--curriculum", "1", "--sample-break-mode", "none",
-        *extra, max_update=1, tokens_per_sample=64, optim=SGD_ONE_STEP,
-    )]
-    if launcher:  # torchrun starts the script itself
-        cmd.remove(cli("fairseq-train"))
-        cmd.insert(len(launcher), cli("fairseq-train"))
-    proc = check(cmd)
-    (record,) = _log_records(proc.stderr + proc.stdout)
-    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    return record, state["model"]
-
-
-def test_two_gloo_workers_match_one_process(demo_data_bin, tmp_path):
-    """--curriculum 1 keeps the batch order, so 1 x 8, 1 x (4+4) and 2 x 4 see
-    the same eight blocks; one SGD step must move the weights identically."""
-    one, w_one = _one_update(demo_data_bin, tmp_path / "one")
-    freq, w_freq = _one_update(demo_data_bin, tmp_path / "freq", "--batch-size", "4", "--update-freq", "2")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(_free_port())]
-    two, w_two = _one_update(
-        demo_data_bin, tmp_path / "two", "--batch-size", "4", "--distributed-world-size", "2",
-        "--ddp-backend", "legacy_ddp", launcher=launcher,
-    )
-    assert int(one["mlm_ntokens"]) > 0 and float(one["gnorm"]) > 0
-    for other in (freq, two):
-        for key in LOSS_KEYS + ("gnorm", "nsentences"):
-            assert float(other[key]) == pytest.approx(float(one[key]), rel=1e-3, abs=1e-3), key
-    for name, value in w_one.items():
-        torch.testing.assert_close(w_freq[name], value, rtol=1e-4, atol=1e-6, msg=name)
-        torch.testing.assert_close(w_two[name], value, rtol=1e-4, atol=1e-6, msg=name)
-
-
 # ---------------------------------------------------------------------------
 # end to end on real text
 # ---------------------------------------------------------------------------
@@ -147,21 +105,6 @@ def test_both_losses_fall_on_real_text(straight_run):
     assert (out / "ckpt" / "checkpoint_last.pt").is_file()
     events = list((out / "tb").rglob("events.out.tfevents.*"))
     assert events, "no tensorboard event file"
-
-
-def test_resume_continues_exactly(straight_run, demo_data_bin, tmp_path):
-    _, straight = straight_run
-    args = dict(tokens_per_sample=96, batch_size=4)
-    check(train_cmd(demo_data_bin, tmp_path, "--update-freq", "2", max_update=17, **args))
-    proc = check(train_cmd(demo_data_bin, tmp_path, "--update-freq", "2", max_update=24, **args))
-    log = proc.stderr + proc.stdout
-    assert "Loaded checkpoint" in log and "@ 17 updates" in log
-    resumed = _log_records(log)
-    assert [int(r["num_updates"]) for r in resumed] == list(range(18, 25))
-    for r in resumed:
-        ref = straight[int(r["num_updates"]) - 1]
-        for key in LOSS_KEYS + ("gnorm", "lr"):
-            assert r[key] == ref[key], (r["num_updates"], key)
 
 
 def test_plain_torch_load_stays_safe(straight_run):
@@ -194,54 +137,17 @@ def test_dictionary_mismatch_on_resume_is_clear(straight_run, tmp_path):
 # dropping the decoder
 # ---------------------------------------------------------------------------
 
-COMPARE_WITH_STOCK_FAIRSEQ = r"""
-import sys, torch
-from fairseq.models.roberta import RobertaModel
-assert "seed_fairseq" not in sys.modules
-hub = RobertaModel.from_pretrained(sys.argv[1], checkpoint_file="encoder.pt", data_name_or_path=sys.argv[2],
-                                   bpe="sentencepiece", sentencepiece_model=sys.argv[2] + "/spm.model")
-assert type(hub.model).__name__ == "RobertaModel", type(hub.model)
-hub.eval()
-assert "seed_fairseq" not in sys.modules
-texts = ["The Rhine flows through Zürich? No, through Basel.", "Sourdough needs time."]
-torch.save({"tokens": [hub.encode(t) for t in texts],
-            "features": [hub.extract_features(hub.encode(t)) for t in texts]}, sys.argv[3])
-"""
-
-
-def test_drop_decoder_gives_a_stock_roberta_with_the_same_features(straight_run, demo_data_bin, tmp_path):
-    out, _ = straight_run
-    ckpt = out / "ckpt" / "checkpoint_last.pt"
-    check([cli("seed-drop-decoder"), ckpt, tmp_path / "encoder.pt"])
-    state = torch.load(tmp_path / "encoder.pt", weights_only=True)  # safe loading works
-    assert not any(k.startswith("weak_decoder") for k in state["model"])
-    assert state["cfg"]["model"]["_name"] == "roberta"
-
-    # stock fairseq, in a fresh interpreter without the plugin
-    check([sys.executable, "-c", COMPARE_WITH_STOCK_FAIRSEQ, tmp_path, demo_data_bin, tmp_path / "out.pt"])
-    stock = torch.load(tmp_path / "out.pt")
-
-    import seed_fairseq  # noqa: F401
-    from fairseq import checkpoint_utils
-
-    (full,), _ = checkpoint_utils.load_model_ensemble([str(ckpt)])
-    full.eval()
-    for tokens, features in zip(stock["tokens"], stock["features"]):
-        with torch.no_grad():
-            ours, _ = full(tokens.unsqueeze(0), features_only=True)
-        torch.testing.assert_close(ours, features, rtol=0, atol=1e-6)
-
-
 def test_drop_decoder_rejects_other_checkpoints(straight_run, tmp_path):
     out, _ = straight_run
     check([cli("seed-drop-decoder"), out / "ckpt" / "checkpoint_last.pt", tmp_path / "encoder.pt"])
     # a stock RoBERTa checkpoint has no decoder to drop
     proc = run([cli("seed-drop-decoder"), tmp_path / "encoder.pt", tmp_path / "again.pt"])
     assert proc.returncode == 2
-    assert f"{tmp_path}/encoder.pt: expected a seed_encoder checkpoint, got model/arch 'roberta'" in proc.stderr
+    assert f"{tmp_path}/encoder.pt: expected a checkpoint of one of this plugin's pre-training models, " \
+           "got model/arch 'roberta'" in proc.stderr
     # not a checkpoint at all
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     proc = run([cli("seed-drop-decoder"), tmp_path / "junk.pt", tmp_path / "again.pt"])
     assert proc.returncode == 2 and "junk.pt: not a readable fairseq checkpoint" in proc.stderr
     assert not (tmp_path / "again.pt").exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".drop_decoder")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

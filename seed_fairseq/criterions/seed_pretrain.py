@@ -2,28 +2,20 @@
 
     loss = w_mlm * L_MLM + w_dec * L_dec
 
-Each term is a per-token mean over its own tokens (masked positions for MLM,
-every non-pad decoder target for reconstruction).  During training both means
-divide by the GLOBAL count of their tokens in the whole update: all
-micro-batches of ``--update-freq`` (counted ahead by the task's iterator,
-see ``seed_fairseq/data/update_counts.py``) and all data-parallel workers
-(all-reduced here).  The loss handed to fairseq is therefore already
-normalised, and we report ``sample_size = 0`` so that fairseq's trainer only
-undoes DDP's averaging (it multiplies by ``world_size / (sample_size or 1)``).
-Gradients do not depend on how the batch is split.
+Two named terms of :class:`~seed_fairseq.criterions.multi_term.MultiTermCriterion`:
+``mlm`` (cross-entropy at the masked positions) and ``dec`` (the weak decoder's
+cross-entropy at every non-pad target), each a per-token mean over the global
+count of its tokens in the update.
 """
 
-import math
 from dataclasses import dataclass, field
+from typing import Dict
 
-import torch
 import torch.nn.functional as F
-from fairseq import metrics
-from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.criterions import register_criterion
 from fairseq.dataclass import FairseqDataclass
-from fairseq.distributed import utils as distributed_utils
 
-from ..data.update_counts import UPDATE_COUNTS, local_counts
+from .multi_term import MultiTermCriterion, Term
 
 
 @dataclass
@@ -42,114 +34,27 @@ class SeedPretrainCriterionConfig(FairseqDataclass):
     )
 
 
-def _global_counts(sample, pad):
-    counts = sample.get(UPDATE_COUNTS)
-    if counts is None:  # no lookahead iterator: this micro-batch is the update
-        counts = local_counts(sample, pad)
-    counts = counts.clone()  # the lookahead shares one tensor across a group
-    if distributed_utils.get_data_parallel_world_size() > 1:
-        distributed_utils.all_reduce(counts, group=distributed_utils.get_data_parallel_group())
-    return counts
-
-
-def _ppl(meters):
-    # a log interval whose batches had no masked token has an mlm_loss meter
-    # without a value (avg None): no perplexity then, not a crash
-    avg = meters["mlm_loss"].avg if "mlm_loss" in meters else None
-    return 2 ** avg if avg is not None else float("nan")
+def token_nll(logits, target, pad):
+    """(summed NLL in fp32, number correct) over the positions where target != pad."""
+    logits = logits.float().view(-1, logits.size(-1))
+    target = target.reshape(-1)
+    nll = F.cross_entropy(logits, target, ignore_index=pad, reduction="sum")
+    correct = (logits.argmax(-1).eq(target) & target.ne(pad)).sum()
+    return Term(nll, correct)
 
 
 @register_criterion("seed_pretrain", dataclass=SeedPretrainCriterionConfig)
-class SeedPretrainCriterion(FairseqCriterion):
+class SeedPretrainCriterion(MultiTermCriterion):
+    bottleneck_terms = ("dec",)
+
     def __init__(self, task, mlm_weight=0.5, decoder_weight=0.5):
-        super().__init__(task)
-        self.mlm_weight = mlm_weight
-        self.decoder_weight = decoder_weight
+        super().__init__(task, {"mlm": mlm_weight, "dec": decoder_weight})
 
-    def forward(self, model, sample, reduce=True):
+    def compute_terms(self, model, sample) -> Dict[str, Term]:
         pad = self.padding_idx
-        mlm_target = sample["target"]
-        masked_tokens = mlm_target.ne(pad)
+        masked_tokens = sample["target"].ne(pad)
         mlm_logits, extra = model(**sample["net_input"], masked_tokens=masked_tokens)
-        mlm_target = mlm_target[masked_tokens]
-
-        # losses in fp32 whatever the model's precision
-        mlm_nll = F.cross_entropy(mlm_logits.float(), mlm_target, reduction="sum")
-        mlm_correct = (mlm_logits.argmax(-1) == mlm_target).sum()
-        n_mlm, n_dec = local_counts(sample, pad)
-
-        dec_logits = extra.get("decoder_out")
-        if dec_logits is not None:
-            dec_target = sample["dec_target"]
-            dec_nll = F.cross_entropy(
-                dec_logits.float().view(-1, dec_logits.size(-1)),
-                dec_target.view(-1),
-                ignore_index=pad,
-                reduction="sum",
-            )
-            keep = dec_target.ne(pad)
-            dec_correct = (dec_logits.argmax(-1).eq(dec_target) & keep).sum()
-            dec_weight = self.decoder_weight
-        else:  # MLM-only baseline (no decoder)
-            dec_nll = mlm_nll.new_zeros(())
-            dec_correct = n_dec = torch.zeros_like(n_mlm)
-            dec_weight = 0.0
-
-        if model.training:
-            denom_mlm, denom_dec = _global_counts(sample, pad).unbind()
-        else:
-            denom_mlm, denom_dec = n_mlm, n_dec
-        loss = self.mlm_weight * mlm_nll / denom_mlm.clamp(min=1)
-        if dec_weight:
-            loss = loss + dec_weight * dec_nll / denom_dec.clamp(min=1)
-
-        logging_output = {
-            "loss": loss.data,
-            "mlm_nll": mlm_nll.data,
-            "dec_nll": dec_nll.data,
-            "mlm_ntokens": n_mlm.item(),
-            "dec_ntokens": int(n_dec),
-            "mlm_correct": mlm_correct.item(),
-            "dec_correct": int(dec_correct),
-            "ntokens": sample["ntokens"],
-            "nsentences": sample["nsentences"],
-            "sample_size": 0,
-            # summed over micro-batches and workers like everything else, so
-            # reduce_metrics recovers the weights as weight_sum / nlogs
-            "mlm_weight": self.mlm_weight,
-            "dec_weight": dec_weight,
-            "nlogs": 1,
-        }
-        return loss, 0, logging_output
-
-    @classmethod
-    def reduce_metrics(cls, logging_outputs) -> None:
-        def total(key):
-            return sum(float(log.get(key, 0)) for log in logging_outputs)
-
-        n_mlm, n_dec = total("mlm_ntokens"), total("dec_ntokens")
-        metrics.log_scalar_sum("mlm_ntokens", n_mlm)
-        metrics.log_scalar_sum("dec_ntokens", n_dec)
-        metrics.log_scalar_sum("ntokens", total("ntokens"))
-        metrics.log_scalar_sum("nsentences", total("nsentences"))
-        # per-token means in base 2 (like fairseq), weighted by their token
-        # counts so that averages over a log interval stay exact
-        if n_mlm > 0:
-            metrics.log_scalar("mlm_loss", total("mlm_nll") / n_mlm / math.log(2), n_mlm, round=3)
-            metrics.log_scalar("mlm_acc", 100.0 * total("mlm_correct") / n_mlm, n_mlm, round=2)
-        if n_dec > 0:
-            metrics.log_scalar("dec_loss", total("dec_nll") / n_dec / math.log(2), n_dec, round=3)
-            metrics.log_scalar("dec_acc", 100.0 * total("dec_correct") / n_dec, n_dec, round=2)
-        nlogs = total("nlogs")
-        if nlogs > 0:
-            loss = 0.0
-            if n_mlm > 0:
-                loss += total("mlm_weight") / nlogs * total("mlm_nll") / n_mlm
-            if n_dec > 0:
-                loss += total("dec_weight") / nlogs * total("dec_nll") / n_dec
-            metrics.log_scalar("loss", loss / math.log(2), 1, round=3)
-        metrics.log_derived("mlm_ppl", _ppl)
-
-    @staticmethod
-    def logging_outputs_can_be_summed() -> bool:
-        return True
+        terms = {"mlm": token_nll(mlm_logits, sample["target"][masked_tokens], pad)}
+        if extra.get("decoder_out") is not None:  # None: the MLM-only baseline
+            terms["dec"] = token_nll(extra["decoder_out"], sample["dec_target"], pad)
+        return terms

@@ -79,7 +79,8 @@ ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_accurate": "gelu_new", "tan
 
 
 def load_inputs(checkpoint, data):
-    """Checkpoint, its model config, the data's dictionary/spm/normalisation record."""
+    """Checkpoint, its model config, the data's dictionary/spm/normalisation record, and
+    the state-dict prefixes that are not exported (the model's pre-training-only modules)."""
     import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
     from fairseq.data import Dictionary
 
@@ -98,9 +99,14 @@ def load_inputs(checkpoint, data):
     name = model_cfg.get("_name") or model_cfg.get("arch")
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    family = ARCH_MODEL_NAME_REGISTRY.get(name, name)
-    if family not in ("seed_encoder", "roberta"):
-        raise ExportError(f"{checkpoint}: model {name!r} is not a seed_encoder/roberta encoder")
+    from ..models import pretraining_model_class
+
+    model_class = pretraining_model_class(name)
+    if model_class is None and ARCH_MODEL_NAME_REGISTRY.get(name, name) != "roberta":
+        raise ExportError(f"{checkpoint}: model {name!r} is neither one of this plugin's pre-training "
+                          "models nor a roberta encoder")
+    # what the export leaves out: the modules the model class declares pre-training-only
+    dropped = tuple(model_class.pretraining_only_prefixes) if model_class else ()
     problems = _architecture_problems(model_cfg)
     if problems:
         raise ExportError(
@@ -134,7 +140,7 @@ def load_inputs(checkpoint, data):
             f"(spm has {sp.get_piece_size()} pieces, the dictionary {len(dictionary)} symbols)"
         )
     record = record_all["normalization"]
-    return state, cfg, model_cfg, dictionary, sp, record
+    return state, cfg, model_cfg, dictionary, sp, record, dropped
 
 
 def hf_config(model_cfg, vocab_size, with_lm_head):
@@ -258,12 +264,13 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
         raise ExportError(str(e)) from e
     if earlier and not force:
         raise ExportError(f"{out}: holds an earlier export; pass --force to replace it")
-    state, cfg, model_cfg, dictionary, sp, record = load_inputs(checkpoint, data)
+    state, cfg, model_cfg, dictionary, sp, record, dropped = load_inputs(checkpoint, data)
     max_len = model_cfg["max_positions"]
 
     config = hf_config(model_cfg, len(dictionary), with_lm_head)
     hf_model = (XLMRobertaForMaskedLM if with_lm_head else XLMRobertaModel)(config).eval()
-    hf_state = fairseq_to_hf(state["model"], model_cfg["encoder_layers"], with_lm_head)
+    hf_state = fairseq_to_hf(state["model"], model_cfg["encoder_layers"], with_lm_head,
+                             dropped_prefixes=dropped)
     hf_model.load_state_dict(hf_state, strict=True)
     tokenizer = build_tokenizer(Path(data) / "spm.model", record, max_len)
 

@@ -2,12 +2,14 @@
 
 A declarative table plus one pure state_dict -> state_dict function that
 raises on any key it cannot place and on any HF key left without a value.
-The weak decoder (``weak_decoder.*``) is not part of the export and is
-dropped explicitly; anything else unknown is an error, never silently lost.
+The pre-training-only modules a model class declares (SEED's
+``weak_decoder.*``, ...; ``models/bottleneck.py``) are not part of the export
+and are dropped explicitly; anything else unknown is an error, never silently
+lost.
 """
 
 import re
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Sequence
 
 import torch
 
@@ -46,9 +48,9 @@ LM_HEAD_KEY_MAP = [
     (r"encoder\.lm_head\.bias", "lm_head.bias"),
 ]
 
-# fairseq keys that are deliberately not exported.
+# fairseq keys that are deliberately not exported (besides the model's
+# pre-training-only prefixes, passed in by the caller).
 DROPPED = [
-    r"weak_decoder\..*",  # the decoder is discarded after pre-training (paper §3.4)
     r"encoder\.sentence_encoder\.version",
     r".*\._float_tensor",
 ]
@@ -72,12 +74,14 @@ def expected_hf_keys(num_layers: int, with_lm_head: bool, prefix: str) -> Iterab
 
 
 def fairseq_to_hf(
-    state: Dict[str, torch.Tensor], num_layers: int, with_lm_head: bool = False
+    state: Dict[str, torch.Tensor], num_layers: int, with_lm_head: bool = False,
+    dropped_prefixes: Sequence[str] = (),
 ) -> Dict[str, torch.Tensor]:
     """Map a fairseq ``seed_encoder``/``roberta`` state dict to HF RoBERTa names.
 
     ``with_lm_head`` gives ``XLMRobertaForMaskedLM`` names (``roberta.`` prefix
-    plus ``lm_head.*``); otherwise ``XLMRobertaModel`` names.  Token-type
+    plus ``lm_head.*``); otherwise ``XLMRobertaModel`` names.  Keys under
+    ``dropped_prefixes`` (the model's pre-training-only modules) are left out.  Token-type
     embeddings (fairseq has no segments: zeros, the identity for one type) and
     the pooler (not part of SEED-Encoder: zeros, so that a pooler output can
     never be mistaken for a trained one) are added for the base model.
@@ -87,6 +91,7 @@ def fairseq_to_hf(
     if with_lm_head:
         table += [(re.compile(p), t) for p, t in LM_HEAD_KEY_MAP]
     dropped = [re.compile(p) for p in DROPPED + ([] if with_lm_head else LM_HEAD_DROPPED)]
+    dropped += [re.compile(re.escape(p) + ".*") for p in dropped_prefixes]
 
     out = {}
     unmapped = []

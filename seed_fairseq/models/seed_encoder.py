@@ -4,15 +4,12 @@ that reconstructs the input from the encoder's [CLS] vector alone.
 The encoder is fairseq's own ``RobertaEncoder`` (so the ``encoder.*`` keys are
 exactly RoBERTa's and map one to one onto the authors' released encoder
 weights and onto HuggingFace's RoBERTa classes).  The weak decoder lives under
-``weak_decoder.*``: RoBERTa's ``upgrade_state_dict_named`` renames every key
-starting with ``decoder`` (an old RoBERTa naming), so that attribute name
-would silently corrupt our checkpoints.
+``weak_decoder.*`` (declared pre-training-only: see ``bottleneck.py``).
 """
 
 import argparse
 import logging
 
-import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta import RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
@@ -20,12 +17,10 @@ from fairseq.models.transformer import transformer_legacy
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
-from ..checkpoint import CheckpointError
 from ..modules.windowed_decoder import FULL, WindowedTransformerDecoder, parse_window
+from .bottleneck import BottleneckEncoderModel, cls_memory
 
 logger = logging.getLogger(__name__)
-
-EMBED_KEY = "encoder.sentence_encoder.embed_tokens.weight"
 
 
 def _window_arg(value):
@@ -35,21 +30,12 @@ def _window_arg(value):
         raise argparse.ArgumentTypeError(str(e))
 
 
-def cls_memory(features: torch.Tensor):
-    """The decoder's whole view of the encoder: the last-layer position-0 vector.
-
-    ``features`` is ``(batch, time, dim)``; the result is fairseq's encoder_out
-    dict with a single memory entry ``(1, batch, dim)`` and no padding mask.
-    """
-    return {
-        "encoder_out": [features[:, :1, :].transpose(0, 1)],
-        "encoder_padding_mask": [],
-    }
-
-
 @register_model("seed_encoder")
-class SeedEncoderModel(RobertaModel):
+class SeedEncoderModel(BottleneckEncoderModel):
     """RoBERTa encoder + MLM head, plus a weak decoder used only in pre-training."""
+
+    pretraining_only_prefixes = ("weak_decoder.",)
+    pretraining_only_config_prefixes = ("decoder_",)
 
     @staticmethod
     def add_args(parser):
@@ -152,35 +138,13 @@ class SeedEncoderModel(RobertaModel):
             if prev_output_tokens is not None:
                 extra["decoder_out"] = None
             return x, extra
-        features, extra = self.encoder.extract_features(
-            src_tokens, return_all_hiddens=return_all_hiddens
-        )
+        features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
         extra["decoder_out"], _ = self.weak_decoder(
             prev_output_tokens, encoder_out=cls_memory(features)
         )
         if features_only:
             return features, extra
-        return self.encoder.output_layer(features, masked_tokens=masked_tokens), extra
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        prefix = name + "." if name != "" else ""
-        embed = state_dict.get(prefix + EMBED_KEY)
-        n_symbols = len(self.encoder.dictionary)
-        if embed is not None and embed.size(0) != n_symbols:
-            raise CheckpointError(
-                "checkpoint", f"dictionary size mismatch: the checkpoint's token embedding has "
-                f"{embed.size(0)} rows but the data's dict.txt gives {n_symbols} symbols "
-                f"(including specials and <mask>); train/load with the dict.txt the "
-                f"checkpoint was trained with"
-            )
-        has_decoder_keys = any(k.startswith(prefix + "weak_decoder.") for k in state_dict)
-        if self.weak_decoder is not None and not has_decoder_keys and embed is not None:
-            # An encoder-only checkpoint (e.g. written by drop_decoder) used to
-            # initialise a full model: keep the fresh decoder weights.
-            logger.warning("checkpoint has no weak decoder weights; keeping the freshly initialised decoder")
-            for k, v in self.weak_decoder.state_dict().items():
-                state_dict[prefix + "weak_decoder." + k] = v
-        super().upgrade_state_dict_named(state_dict, name)
+        return self.mlm_logits(features, masked_tokens=masked_tokens), extra
 
 
 # ---------------------------------------------------------------------------

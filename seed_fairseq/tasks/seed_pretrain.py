@@ -1,216 +1,42 @@
-"""The ``seed_pretrain`` task: RoBERTa-style MLM data plus the weak decoder's
-input/target, built from the same fairseq-binarized monolingual data.
+"""``seed_pretrain``: SEED-Encoder's data (Lu et al., EMNLP 2021).
 
-Pipeline (composed like fairseq's ``masked_lm``):
+On top of the shared pipeline (``bottleneck_pretrain.py``: blocks, [CLS], the
+encoder's MLM view), the weak decoder reads the UNMASKED block shifted right
+and predicts it shifted left:
 
-    mmap shards --TokenBlockDataset(tokens_per_sample - 1, break mode)--> blocks
-    --PrependTokenDataset(<s> = [CLS])--> s = [CLS] x1 .. xn   (UNMASKED)
-       |-- MaskTokensDataset --> src_tokens (encoder input) + MLM target
-       |-- s[:-1]            --> prev_output_tokens (decoder input)
-       '-- s[1:]             --> dec_target
+    s = [CLS] x1 .. xn </s>   ->   prev_output_tokens = s[:-1],  dec_target = s[1:]
 """
 
-import logging
-import os
-from dataclasses import dataclass, field
-from typing import List
+from dataclasses import dataclass
+from typing import Dict
 
-import numpy as np
 import torch
-from fairseq import utils
-from fairseq.data import (
-    Dictionary,
-    IdDataset,
-    MaskTokensDataset,
-    NestedDictionaryDataset,
-    NumelDataset,
-    NumSamplesDataset,
-    RightPadDataset,
-    SortDataset,
-    data_utils,
-)
+from fairseq.data import RightPadDataset
 from fairseq.tasks import register_task
-from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
-from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
-from omegaconf import II
 
-from ..checkpoint import DICTIONARY_SHA256, check_dictionary
 from ..data.shift_tokens_dataset import ShiftTokensDataset
-from ..dictionary import dictionary_sha256
-from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
-
-logger = logging.getLogger(__name__)
-
-# sentencepiece marks the first piece of a word with U+2581; the dictionary
-# holds pieces, so whole-word masking can be read off the dictionary itself.
-WORD_START = "\u2581"
+from .bottleneck_pretrain import WORD_START, BottleneckPretrainConfig, BottleneckPretrainTask  # noqa: F401
 
 
 @dataclass
-class SeedPretrainConfig(MaskedLMConfig):
-    # The authors used fairseq's "complete" mode: a block holds whole sentences
-    # and may cross document boundaries.
-    sample_break_mode: SAMPLE_BREAK_MODE_CHOICES = field(
-        default="complete",
-        metadata={
-            "help": "how the token stream is cut into blocks of tokens-per-sample - 1 "
-            "tokens (+[CLS]): 'complete' (default, as the authors) = whole sentences, "
-            "may cross documents; 'complete_doc' = never crosses a document "
-            "boundary (empty line); 'none' = fixed-size blocks; 'eos' = one sentence"
-        },
-    )
-    tokens_per_sample: int = field(
-        default=512,
-        metadata={"help": "encoder input length including [CLS] (paper: 512)"},
-    )
-    allow_dictionary_change: bool = field(
-        default=False,
-        metadata={
-            "help": "restore a checkpoint trained with another dict.txt of the same size "
-            "(a deliberate vocabulary change: each id keeps its embedding row); without it "
-            "such a restore is refused"
-        },
-    )
-    # Read from fairseq's optimisation config so that the criterion can
-    # normalise by the token counts of the whole update (see data/update_counts.py).
-    update_freq: List[int] = II("optimization.update_freq")
+class SeedPretrainConfig(BottleneckPretrainConfig):
+    pass
 
 
 @register_task("seed_pretrain", dataclass=SeedPretrainConfig)
-class SeedPretrainTask(MaskedLMTask):
+class SeedPretrainTask(BottleneckPretrainTask):
     """MLM + weak-decoder reconstruction pre-training (SEED-Encoder)."""
 
     cfg: SeedPretrainConfig
 
-    def __init__(self, cfg: SeedPretrainConfig, dictionary=None):
-        if cfg.d2v2_multi or cfg.include_target_tokens or cfg.skip_masking:
-            raise ValueError(
-                "seed_pretrain does not support the data2vec options "
-                "--d2v2-multi / --include-target-tokens / --skip-masking"
-            )
-        super().__init__(cfg, dictionary)
-        self.dict_path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
-        self.dictionary_sha256 = dictionary_sha256(self.dict_path)
-
-    # -- the dictionary identity travels with every checkpoint (task_state) ------------
-
-    def state_dict(self):
-        return {DICTIONARY_SHA256: self.dictionary_sha256}
-
-    def load_state_dict(self, state_dict):
-        """Called by fairseq's ``load_model_ensemble`` with the checkpoint's task state
-        (the tools that read whole checkpoints call ``check_checkpoint`` themselves)."""
-        if state_dict and state_dict.get(DICTIONARY_SHA256):
-            self.check_checkpoint({"task_state": state_dict}, "the checkpoint")
-
-    def check_checkpoint(self, state, filename):
-        """Refuse a checkpoint trained with another dictionary (size or symbols)."""
-        check_dictionary(state, filename, self.dict_path, len(self.source_dictionary),
-                         allow_change=self.cfg.allow_dictionary_change)
-
-    @classmethod
-    def load_dict(cls, cfg):
-        paths = utils.split_paths(cfg.data)
-        if not paths:
-            raise ValueError("no data directory given")
-        dict_path = os.path.join(paths[0], "dict.txt")
-        if not os.path.isfile(dict_path):
-            raise FileNotFoundError(
-                f"{dict_path}: dictionary not found; DATA must be a folder written by "
-                "fairseq-preprocess (or python -m preprocess.build) holding dict.txt"
-            )
-        dictionary = Dictionary.load(dict_path)
-        if len(dictionary) <= dictionary.nspecial:
-            raise ValueError(f"{dict_path}: dictionary has no symbols besides the specials")
-        logger.info("dictionary: {} types".format(len(dictionary)))
-        return dictionary
-
-    def whole_word_mask(self):
-        """ByteTensor over the dictionary: 1 where a symbol starts a word.
-
-        fairseq's ``get_whole_word_mask`` needs a BPE object built from a model
-        path; the rule it applies for sentencepiece is just this prefix test,
-        which we can read off the dictionary the data was binarized with.
-        """
-        d = self.source_dictionary
-        # specials and <mask> stand alone; byte-fallback pieces (<0xNN>)
-        # continue the word their "▁" piece started
-        starts = [
-            i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START)
-            for i, sym in enumerate(d.symbols)
-        ]
-        return torch.ByteTensor(starts)
-
-    def _load_dataset_split(self, split, epoch, combine):
-        paths = utils.split_paths(self.cfg.data)
-        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
-        empty = ValueError(f"{split_path}: the '{split}' split is empty (no tokens)")
-        # numpy cannot memory-map an empty .bin: catch it before fairseq does
-        if os.path.isfile(split_path + ".bin") and os.path.getsize(split_path + ".bin") == 0:
-            raise empty
-        dataset = super()._load_dataset_split(split, epoch, combine)
-        if len(dataset) == 0:
-            raise empty
-        return dataset
-
-    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        # [CLS] x1 .. xn, unmasked
-        dataset = self._load_dataset_split(split, epoch, combine)
+    def extra_inputs(self, split, blocks, src, target) -> Dict:
         pad = self.source_dictionary.pad()
+        return {
+            "net_input": {"prev_output_tokens": RightPadDataset(ShiftTokensDataset(blocks, drop="last"), pad_idx=pad)},
+            "dec_target": RightPadDataset(ShiftTokensDataset(blocks, drop="first"), pad_idx=pad),
+        }
 
-        src_dataset, tgt_dataset = MaskTokensDataset.apply_mask(
-            dataset,
-            self.source_dictionary,
-            pad_idx=pad,
-            mask_idx=self.mask_idx,
-            seed=self.cfg.seed,
-            mask_prob=self.cfg.mask_prob,
-            leave_unmasked_prob=self.cfg.leave_unmasked_prob,
-            random_token_prob=self.cfg.random_token_prob,
-            freq_weighted_replacement=self.cfg.freq_weighted_replacement,
-            mask_whole_words=self.whole_word_mask() if self.cfg.mask_whole_words else None,
-            mask_multiple_length=self.cfg.mask_multiple_length,
-            mask_stdev=self.cfg.mask_stdev,
-        )
-        dec_input = ShiftTokensDataset(dataset, drop="last")
-        dec_target = ShiftTokensDataset(dataset, drop="first")
-
-        with data_utils.numpy_seed(self.cfg.seed):
-            shuffle = np.random.permutation(len(src_dataset))
-
-        self.datasets[split] = SortDataset(
-            NestedDictionaryDataset(
-                {
-                    "id": IdDataset(),
-                    "net_input": {
-                        "src_tokens": RightPadDataset(src_dataset, pad_idx=pad),
-                        "src_lengths": NumelDataset(src_dataset, reduce=False),
-                        "prev_output_tokens": RightPadDataset(dec_input, pad_idx=pad),
-                    },
-                    "target": RightPadDataset(tgt_dataset, pad_idx=pad),
-                    "dec_target": RightPadDataset(dec_target, pad_idx=pad),
-                    "nsentences": NumSamplesDataset(),
-                    "ntokens": NumelDataset(src_dataset, reduce=True),
-                },
-                sizes=[src_dataset.sizes],
-            ),
-            sort_order=[shuffle, src_dataset.sizes],
-        )
-
-    def get_batch_iterator(self, dataset, *args, **kwargs):
-        epoch_iter = super().get_batch_iterator(dataset, *args, **kwargs)
-        try:
-            update_freq = [int(u) for u in self.cfg.update_freq]  # a ListConfig in fairseq-train
-        except (TypeError, ValueError):
-            update_freq = [1]  # the task built outside fairseq-train: no interpolation
-        return UpdateCountsEpochBatchIterator(
-            epoch_iter, update_freq, self.source_dictionary.pad()
-        )
-
-    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if ignore_grad and UPDATE_COUNTS in sample:
-            # fairseq's dummy batch (a copy of an earlier one, used when this
-            # worker ran out of data) must not add to the update's counts.
-            sample = dict(sample)
-            sample[UPDATE_COUNTS] = torch.zeros_like(sample[UPDATE_COUNTS])
-        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+    def term_counts(self, sample) -> Dict[str, torch.Tensor]:
+        counts = super().term_counts(sample)
+        counts["dec"] = sample["dec_target"].ne(self.source_dictionary.pad()).sum()
+        return counts

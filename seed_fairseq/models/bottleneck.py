@@ -1,0 +1,94 @@
+"""What every bottleneck pre-training model of the plugin shares.
+
+The encoder is fairseq's own ``RobertaEncoder`` (its ``encoder.*`` keys are
+RoBERTa's, so the result is an ordinary RoBERTa after pre-training); an
+objective adds modules that exist only for pre-training (a decoder, a
+bag-of-words head ...) and sees the encoder through :func:`cls_memory` /
+:meth:`BottleneckEncoderModel.cls_vector`.
+
+Each model class DECLARES what is pre-training-only:
+
+* ``pretraining_only_prefixes`` -- state-dict prefixes (``weak_decoder.`` for
+  SEED); ``seed-drop-heads`` and the HuggingFace export drop exactly these;
+* ``pretraining_only_config_prefixes`` -- model config keys that go with them.
+
+Module names must not start with ``decoder``: RoBERTa's
+``upgrade_state_dict_named`` renames every key starting with ``decoder`` (an
+old RoBERTa naming) and would silently corrupt the checkpoint.
+"""
+
+import logging
+from typing import Tuple
+
+import torch
+from fairseq.models.roberta import RobertaModel
+
+from ..checkpoint import EMBED_KEY, CheckpointError
+
+logger = logging.getLogger(__name__)
+
+
+def cls_memory(features: torch.Tensor) -> dict:
+    """The decoder's whole view of the encoder: the last-layer position-0 vector.
+
+    ``features`` is ``(batch, time, dim)``; the result is fairseq's encoder_out
+    dict with a single memory entry ``(1, batch, dim)`` and no padding mask.
+    """
+    return {
+        "encoder_out": [features[:, :1, :].transpose(0, 1)],
+        "encoder_padding_mask": [],
+    }
+
+
+class BottleneckEncoderModel(RobertaModel):
+    """RoBERTa encoder + MLM head, plus modules used only in pre-training."""
+
+    pretraining_only_prefixes: Tuple[str, ...] = ()
+    pretraining_only_config_prefixes: Tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for prefix in cls.pretraining_only_prefixes:
+            if prefix.startswith("decoder") or not prefix.endswith("."):
+                raise TypeError(f"{cls.__name__}: pre-training-only prefix {prefix!r} must end with '.' and "
+                                "must not start with 'decoder' (RoBERTa's upgrade code renames such keys)")
+
+    @staticmethod
+    def cls_vector(features: torch.Tensor) -> torch.Tensor:
+        """(batch, dim): the encoder's last-layer position-0 vector, the bottleneck."""
+        return features[:, 0, :]
+
+    def encode(self, src_tokens, return_all_hiddens=False):
+        """Last-layer encoder features ``(batch, time, dim)`` and fairseq's extra dict."""
+        return self.encoder.extract_features(src_tokens, return_all_hiddens=return_all_hiddens)
+
+    def mlm_logits(self, features, masked_tokens=None):
+        return self.encoder.output_layer(features, masked_tokens=masked_tokens)
+
+    def pretraining_only_modules(self):
+        """name -> module for every declared pre-training-only prefix that exists."""
+        return {p[:-1]: getattr(self, p[:-1]) for p in self.pretraining_only_prefixes
+                if getattr(self, p[:-1], None) is not None}
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        prefix = name + "." if name != "" else ""
+        embed = state_dict.get(prefix + EMBED_KEY)
+        n_symbols = len(self.encoder.dictionary)
+        if embed is not None and embed.size(0) != n_symbols:
+            raise CheckpointError(
+                "the checkpoint", f"dictionary size mismatch: the checkpoint's token embedding has "
+                f"{embed.size(0)} rows but the data's dict.txt gives {n_symbols} symbols "
+                "(including specials and <mask>); train/load with the dict.txt the "
+                "checkpoint was trained with"
+            )
+        if embed is not None:
+            for module_name, module in self.pretraining_only_modules().items():
+                head = prefix + module_name + "."
+                if not any(k.startswith(head) for k in state_dict):
+                    # An encoder-only checkpoint (seed-drop-heads, an imported
+                    # model) initialising a full model: keep the fresh weights.
+                    logger.warning(f"checkpoint has no {module_name} weights; keeping the freshly "
+                                   f"initialised {module_name}")
+                    for k, v in module.state_dict().items():
+                        state_dict[head + k] = v
+        super().upgrade_state_dict_named(state_dict, name)

@@ -1,0 +1,43 @@
+"""The plugin's pre-training objectives as the tests see them: one entry each.
+
+Adding an objective to the plugin adds one entry here; the contract suite
+(``test_contract.py``) then checks it like every other objective.
+"""
+
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+# deliberately odd sizes: hidden 32, FFN 37, 2 heads
+TINY_ENCODER = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37",
+                "--encoder-attention-heads", "2"]
+
+
+@dataclass
+class Objective:
+    name: str
+    task: str
+    criterion: str
+    arch: str
+    model_args: List[str] = field(default_factory=list)
+    # terms that may see the encoder only through [CLS]
+    bottleneck_terms: Tuple[str, ...] = ()
+    # every term the criterion logs
+    terms: Tuple[str, ...] = ("mlm",)
+    # state-dict prefixes that exist only for pre-training
+    heads: Tuple[str, ...] = ()
+
+    def args(self) -> List[str]:
+        return ["--task", self.task, "--criterion", self.criterion, "--arch", self.arch,
+                *TINY_ENCODER, *self.model_args]
+
+
+OBJECTIVES = [
+    Objective("seed", "seed_pretrain", "seed_pretrain", "seed_encoder_tiny", ["--decoder-layers", "2"],
+              bottleneck_terms=("dec",), terms=("mlm", "dec"), heads=("weak_decoder.",)),
+    Objective("seed_full", "seed_pretrain", "seed_pretrain", "seed_encoder_tiny",
+              ["--decoder-layers", "1", "--decoder-attention-window", "full"],
+              bottleneck_terms=("dec",), terms=("mlm", "dec"), heads=("weak_decoder.",)),
+    Objective("mlm_only", "seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
+]
+
+BY_NAME = {o.name: o for o in OBJECTIVES}

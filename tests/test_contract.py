@@ -1,0 +1,274 @@
+"""What every pre-training objective of the plugin guarantees, checked the same way
+for each (``tests/objectives.py`` lists them):
+
+1. the decoder side sees the encoder only through [CLS]: changing any other
+   encoder output leaves its loss terms bit-identical;
+2. split invariance through the real CLI: 1 x 8, 1 x (4+4) with
+   ``--update-freq 2`` and 2 gloo workers x 4 make the same update;
+3. a resumed run logs the same next losses as the uninterrupted one;
+4. ``seed-drop-heads`` gives a checkpoint that stock fairseq loads as ``roberta``
+   (no plugin) with the same encoder features;
+5. the HuggingFace export computes the same features as fairseq.
+"""
+
+import json
+import shutil
+import socket
+import sys
+
+import pytest
+import torch
+from helpers import REPO, USER_DIR, check, cli
+from objectives import OBJECTIVES
+
+IDS = [o.name for o in OBJECTIVES]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+SGD_ONE_STEP = [
+    # plain SGD with lr 1: the parameter change IS the gradient
+    "--optimizer", "sgd", "--lr", "1.0", "--lr-scheduler", "fixed", "--clip-norm", "0",
+    "--dropout", "0", "--attention-dropout", "0", "--weight-decay", "0",
+]
+ADAM = [
+    "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6", "--lr", "1e-3",
+    "--lr-scheduler", "polynomial_decay", "--warmup-updates", "2", "--total-num-update", "50",
+    "--clip-norm", "1.0", "--weight-decay", "0.01",
+]
+
+
+@pytest.fixture(scope="session")
+def contract_data(tmp_path_factory):
+    """The demo corpus through the project's own preprocessing (odd vocabulary size)."""
+    out = tmp_path_factory.mktemp("contract") / "data-bin"
+    check([sys.executable, "-m", "preprocess.build", "--text", REPO / "examples" / "data" / "demo_corpus.txt",
+           "--out", out, "--vocab-size", "397", "--workers", "1", "--valid-docs", "4", "--test-docs", "2"],
+          cwd=REPO)
+    return out
+
+
+def train_cmd(obj, data, save_dir, *extra, max_update, batch_size=4, optim=ADAM):
+    return [
+        cli("fairseq-train"), data, "--user-dir", USER_DIR, *obj.args(),
+        "--tokens-per-sample", "48", "--sample-break-mode", "none", "--batch-size", str(batch_size),
+        *optim, "--max-update", str(max_update), "--log-format", "json", "--log-interval", "1",
+        "--save-dir", save_dir, "--cpu", "--seed", "3", "--num-workers", "0", "--no-epoch-checkpoints",
+        "--disable-validation", *extra,
+    ]
+
+
+def records(proc):
+    return [json.loads(line.split("| train_inner | ", 1)[1]) for line in (proc.stderr + proc.stdout).splitlines()
+            if "| train_inner | " in line]
+
+
+def build(obj, data, *extra):
+    """Task, model and criterion through fairseq's own argument parsing."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data), "--user-dir", USER_DIR, *obj.args(), "--tokens-per-sample", "48",
+        "--sample-break-mode", "none", "--cpu", *extra])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+
+
+# ---------------------------------------------------------------------------
+# 1. the [CLS] bottleneck
+# ---------------------------------------------------------------------------
+
+
+def _perturb_encoder_output(model, positions):
+    """Add noise to the encoder's last-layer output at ``positions`` (a slice)."""
+
+    def hook(module, inputs, output):
+        states = output["encoder_out"][0].clone()  # T x B x C
+        noise = torch.randn(states[positions].shape, generator=torch.Generator().manual_seed(7))
+        states[positions] = states[positions] + noise
+        return dict(output, encoder_out=[states])
+
+    return model.encoder.sentence_encoder.register_forward_hook(hook)
+
+
+def _terms(criterion, model, sample):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return {k: v.loss for k, v in criterion.compute_terms(model, sample).items()}
+
+
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
+def test_decoder_side_sees_the_encoder_only_through_cls(obj, contract_data):
+    task, model, criterion = build(obj, contract_data)
+    task.load_dataset("valid")
+    sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1)
+                  .next_epoch_itr(shuffle=False))
+    model.eval()
+    base = _terms(criterion, model, sample)
+    assert set(base) == set(obj.terms)
+    # what the code declares is what this entry expects (an MLM-only model has no decoder term)
+    assert tuple(t for t in criterion.bottleneck_terms if t in base) == obj.bottleneck_terms
+    assert tuple(p for p in type(model).pretraining_only_prefixes
+                 if any(k.startswith(p) for k in model.state_dict())) == obj.heads
+
+    handle = _perturb_encoder_output(model, slice(1, None))
+    others = _terms(criterion, model, sample)
+    handle.remove()
+    assert not torch.equal(others["mlm"], base["mlm"])  # the perturbation reached the encoder's output
+    for term in obj.bottleneck_terms:
+        assert torch.equal(others[term], base[term]), term
+
+    handle = _perturb_encoder_output(model, slice(0, 1))
+    cls_changed = _terms(criterion, model, sample)
+    handle.remove()
+    for term in obj.bottleneck_terms:  # ... and [CLS] does reach the decoder side
+        assert not torch.equal(cls_changed[term], base[term]), term
+
+
+# ---------------------------------------------------------------------------
+# 2. split invariance through the real CLI
+# ---------------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_update(obj, data, save_dir, *extra, launcher=()):
+    cmd = train_cmd(obj, data, save_dir, "--curriculum", "1", *extra, max_update=1, optim=SGD_ONE_STEP)
+    if launcher:  # torchrun starts the script itself
+        cmd = [*launcher, *cmd]
+    proc = check(cmd)
+    (record,) = records(proc)
+    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    return record, state["model"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
+def test_update_does_not_depend_on_the_split(obj, contract_data, tmp_path):
+    """--curriculum 1 keeps the batch order, so 1 x 8, 1 x (4+4) and 2 x 4 see the same
+    eight blocks; one SGD step must move the weights identically."""
+    one, w_one = _one_update(obj, contract_data, tmp_path / "one", "--batch-size", "8")
+    freq, w_freq = _one_update(obj, contract_data, tmp_path / "freq", "--batch-size", "4", "--update-freq", "2")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(_free_port())]
+    two, w_two = _one_update(obj, contract_data, tmp_path / "two", "--batch-size", "4",
+                             "--distributed-world-size", "2", "--ddp-backend", "legacy_ddp", launcher=launcher)
+    assert float(one["gnorm"]) > 0
+    keys = ["loss", "gnorm", "nsentences"] + [f"{t}_{k}" for t in obj.terms for k in ("loss", "ntokens")]
+    for other in (freq, two):
+        for key in keys:
+            assert float(other[key]) == pytest.approx(float(one[key]), rel=1e-3, abs=1e-3), key
+    for name, value in w_one.items():
+        torch.testing.assert_close(w_freq[name], value, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(w_two[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------
+# 3.-5. resume, head dropping, export: on one short run per objective
+# ---------------------------------------------------------------------------
+
+_RUNS = {}
+
+
+@pytest.fixture
+def straight_run(contract_data, tmp_path_factory, request):
+    """4 updates with --update-freq 2 and a checkpoint at update 2 (one run per objective)."""
+    obj = request.param
+    if obj.name not in _RUNS:
+        save = tmp_path_factory.mktemp(f"straight_{obj.name}")
+        proc = check(train_cmd(obj, contract_data, save, "--update-freq", "2", "--save-interval-updates", "2",
+                               max_update=4))
+        _RUNS[obj.name] = (save, {int(r["num_updates"]): r for r in records(proc)})
+    return (obj, *_RUNS[obj.name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("straight_run", OBJECTIVES, ids=IDS, indirect=True)
+def test_resume_logs_the_same_next_losses(straight_run, contract_data, tmp_path):
+    obj, save, straight = straight_run
+    shutil.copy(save / "checkpoint_1_2.pt", tmp_path / "checkpoint_last.pt")
+    proc = check(train_cmd(obj, contract_data, tmp_path, "--update-freq", "2", "--save-interval-updates", "2",
+                           max_update=4))
+    resumed = records(proc)
+    assert [int(r["num_updates"]) for r in resumed] == [3, 4]
+    keys = ["loss", "gnorm", "lr"] + [f"{t}_{k}" for t in obj.terms for k in ("loss", "ntokens")]
+    for r in resumed:
+        for key in keys:
+            assert r[key] == straight[int(r["num_updates"])][key], (r["num_updates"], key)
+
+
+STOCK_FAIRSEQ_FEATURES = r"""
+import sys, torch
+from fairseq.models.roberta import RobertaModel
+hub = RobertaModel.from_pretrained(sys.argv[1], checkpoint_file="encoder.pt", data_name_or_path=sys.argv[2],
+                                   bpe="sentencepiece", sentencepiece_model=sys.argv[2] + "/spm.model")
+assert type(hub.model).__name__ == "RobertaModel", type(hub.model)
+assert "seed_fairseq" not in sys.modules
+hub.eval()
+tokens = torch.load(sys.argv[3])
+with torch.no_grad():
+    torch.save(hub.model(tokens, features_only=True)[0], sys.argv[4])
+"""
+
+
+def _probe_tokens(n_symbols):
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, n_symbols - 1, (3, 19), generator=g)
+    tokens[:, 0] = 0
+    tokens[:, -1] = 2
+    tokens[1, 12:] = 1  # padding
+    tokens[1, 11] = 2
+    return tokens
+
+
+def _plugin_features(ckpt, data, tokens):
+    import seed_fairseq  # noqa: F401
+    from fairseq import checkpoint_utils
+
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(ckpt)], arg_overrides={"data": str(data)})
+    model.eval()
+    with torch.no_grad():
+        return model(tokens, features_only=True)[0], len(model.encoder.dictionary)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("straight_run", OBJECTIVES, ids=IDS, indirect=True)
+def test_drop_heads_gives_a_stock_roberta(straight_run, contract_data, tmp_path):
+    obj, save, _ = straight_run
+    ckpt = save / "checkpoint_last.pt"
+    check([cli("seed-drop-heads"), ckpt, tmp_path / "encoder.pt"])
+    state = torch.load(tmp_path / "encoder.pt", weights_only=True)  # safe loading works
+    assert state["cfg"]["model"]["_name"] == "roberta"
+    full = torch.load(ckpt, weights_only=False)["model"]
+    assert set(state["model"]) == {k for k in full if not k.startswith(obj.heads or ("\0",))}
+    _, n_symbols = _plugin_features(ckpt, contract_data, torch.zeros(1, 2, dtype=torch.long))
+    tokens = _probe_tokens(n_symbols)
+    torch.save(tokens, tmp_path / "tokens.pt")
+    check([sys.executable, "-c", STOCK_FAIRSEQ_FEATURES, tmp_path, contract_data, tmp_path / "tokens.pt",
+           tmp_path / "stock.pt"])
+    ours, _ = _plugin_features(ckpt, contract_data, tokens)
+    torch.testing.assert_close(torch.load(tmp_path / "stock.pt"), ours, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("straight_run", OBJECTIVES, ids=IDS, indirect=True)
+def test_export_equals_fairseq(straight_run, contract_data, tmp_path):
+    from transformers import AutoModel
+
+    obj, save, _ = straight_run
+    ckpt = save / "checkpoint_last.pt"
+    check([sys.executable, REPO / "examples" / "export_to_hf.py", "--checkpoint", ckpt, "--data", contract_data,
+           "--out", tmp_path / "hf"], env=OFFLINE)
+    ours, n_symbols = _plugin_features(ckpt, contract_data, torch.zeros(1, 2, dtype=torch.long))
+    tokens = _probe_tokens(n_symbols)
+    ours, _ = _plugin_features(ckpt, contract_data, tokens)
+    hf = AutoModel.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        theirs = hf(input_ids=tokens, attention_mask=tokens.ne(1).long()).last_hidden_state
+    keep = tokens.ne(1)
+    torch.testing.assert_close(theirs[keep], ours[keep], rtol=0, atol=1e-5)
