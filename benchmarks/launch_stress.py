@@ -36,21 +36,85 @@ def _free_port():
 
 
 def build_data(out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "preprocess.build", "--text", str(REPO / "examples/data/demo_corpus.txt"),
-                    "--out", str(out), "--vocab-size", "397", "--workers", "1", "--valid-docs", "2",
-                    "--test-docs", "0"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "preprocess.build",
+            "--text",
+            str(REPO / "examples/data/demo_corpus.txt"),
+            "--out",
+            str(out),
+            "--vocab-size",
+            "397",
+            "--workers",
+            "1",
+            "--valid-docs",
+            "2",
+            "--test-docs",
+            "0",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
 def one_run(data: Path, save: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           str(BIN / "fairseq-train"), str(data), "--user-dir", str(REPO / "seed_fairseq"),
-           "--task", "seed_pretrain", "--criterion", "seed_pretrain", "--arch", "seed_encoder_tiny",
-           "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37",
-           "--encoder-attention-heads", "2", "--decoder-layers", "1", "--tokens-per-sample", "48",
-           "--sample-break-mode", "none", "--batch-size", "4", "--optimizer", "sgd", "--lr", "0.1",
-           "--max-update", "1", "--cpu", "--num-workers", "0", "--disable-validation", "--save-dir", str(save),
-           "--distributed-world-size", "2", "--ddp-backend", "legacy_ddp", "--log-format", "json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        str(BIN / "fairseq-train"),
+        str(data),
+        "--user-dir",
+        str(REPO / "seed_fairseq"),
+        "--task",
+        "seed_pretrain",
+        "--criterion",
+        "seed_pretrain",
+        "--arch",
+        "seed_encoder_tiny",
+        "--encoder-layers",
+        "2",
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "37",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-layers",
+        "1",
+        "--tokens-per-sample",
+        "48",
+        "--sample-break-mode",
+        "none",
+        "--batch-size",
+        "4",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.1",
+        "--max-update",
+        "1",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--disable-validation",
+        "--save-dir",
+        str(save),
+        "--distributed-world-size",
+        "2",
+        "--ddp-backend",
+        "legacy_ddp",
+        "--log-format",
+        "json",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
@@ -75,8 +139,11 @@ def main() -> int:
                 if bad:
                     failures += 1
                     print(f"run {i}: exit {proc.returncode}", flush=True)
-                    causes = [line for line in out if "terminate called" in line or "Error" in line
-                              or "exitcode" in line or "Signal" in line]
+                    causes = [
+                        line
+                        for line in out
+                        if "terminate called" in line or "Error" in line or "exitcode" in line or "Signal" in line
+                    ]
                     print("\n".join("    " + line for line in (causes or out[-5:])[-8:]), flush=True)
     finally:
         for s in spinners:

@@ -9,6 +9,7 @@ time), and the ratio to sentencepiece's own raw encode speed on the same text
 build of the corpus and of the same corpus repeated --repeat times: streaming
 means the two stay about equal. Nothing is asserted; numbers are printed.
 """
+
 import argparse
 import bz2
 import json
@@ -65,8 +66,9 @@ def repeated_dump(src, dst, times):
 
 def peak_rss_mb(argv):
     code = _RSS_WRAPPER.format(repo=str(REPO), argv=[str(a) for a in argv])
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore")
+    )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,8 +93,9 @@ def main():
         rows = []
         corpus = tmp / "corpus.txt"
         for w in worker_counts:
-            secs, totals = timed(lambda: extract([("wiki", args.wiki)], corpus,
-                                                 {"lowercase": True, "nfkc": True}, w, False, {}))
+            secs, totals = timed(
+                lambda w=w: extract([("wiki", args.wiki)], corpus, {"lowercase": True, "nfkc": True}, w, False, {})
+            )
             rows.append(("extract", w, secs))
         mb = totals["bytes"] / 1e6
         print(f"corpus: {args.wiki}: {totals['documents']} documents, {mb:.2f} MB of normalised text")
@@ -108,34 +111,45 @@ def main():
         spm_mbps = mb / spm_secs
         for w in worker_counts:
             bpe = tmp / f"corpus.{w}.bpe"
-            secs, _ = timed(lambda: encode_file(corpus, bpe, model, w))
+            secs, _ = timed(lambda bpe=bpe, w=w: encode_file(corpus, bpe, model, w))
             rows.append(("encode", w, secs))
         for w in worker_counts:
-            secs, _ = timed(lambda: binarize_file(tmp / "corpus.1.bpe", dict_path, tmp / f"bin{w}", w))
+            secs, _ = timed(lambda w=w: binarize_file(tmp / "corpus.1.bpe", dict_path, tmp / f"bin{w}", w))
             rows.append(("binarize", w, secs))
 
         print(f"\nsentencepiece raw encode (1 thread, in-process): {spm_mbps:8.2f} MB/s")
         print(f"{'stage':<10}{'workers':>8}{'seconds':>10}{'MB/s':>10}{'x spm raw':>11}{'x 1 worker':>12}")
         single = {stage: secs for stage, w, secs in rows if w == 1}
         for stage, w, secs in rows:
-            print(f"{stage:<10}{w:>8}{secs:>10.2f}{mb / secs:>10.2f}{(mb / secs) / spm_mbps:>11.2f}"
-                  f"{single[stage] / secs:>12.2f}")
+            print(
+                f"{stage:<10}{w:>8}{secs:>10.2f}{mb / secs:>10.2f}{(mb / secs) / spm_mbps:>11.2f}"
+                f"{single[stage] / secs:>12.2f}"
+            )
 
         # Memory: a full build of the corpus and of the corpus repeated. The
         # spm sample is capped so that vocab training (which holds its sample
         # in memory by design) is the same size in both runs.
         big = tmp / f"repeated{args.repeat}.xml"
         repeated_dump(args.wiki, big, args.repeat)
-        common = ["--vocab-size", args.vocab_size, "--workers", args.workers, "--valid-docs", 5,
-                  "--test-docs", 5, "--spm-sample-sentences", 5000]
+        common = [
+            "--vocab-size",
+            args.vocab_size,
+            "--workers",
+            args.workers,
+            "--valid-docs",
+            5,
+            "--test-docs",
+            5,
+            "--spm-sample-sentences",
+            5000,
+        ]
         print(f"\npeak RSS of a full build (--spm-sample-sentences 5000, {args.workers} workers)")
         results = {}
         for label, dump in (("1x", args.wiki), (f"{args.repeat}x", big)):
             out = tmp / f"out-{label}"
-            secs, (own, kids) = timed(lambda: peak_rss_mb(["--wiki", dump, "--out", out, *common]))
+            secs, (own, kids) = timed(lambda dump=dump, out=out: peak_rss_mb(["--wiki", dump, "--out", out, *common]))
             results[label] = max(own, kids)
-            print(f"  corpus {label:>4}: main process {own:7.1f} MB, largest child {kids:7.1f} MB, "
-                  f"{secs:6.1f} s")
+            print(f"  corpus {label:>4}: main process {own:7.1f} MB, largest child {kids:7.1f} MB, {secs:6.1f} s")
         ratio = results[f"{args.repeat}x"] / results["1x"]
         print(f"  peak RSS ratio {args.repeat}x / 1x: {ratio:.2f} (1.0 = flat)")
     finally:

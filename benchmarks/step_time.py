@@ -43,6 +43,7 @@ allocator overhead of model build + warm-up + timed steps (the interpreter,
 imports and the loaded dataset are excluded).  The absolute peak RSS is printed
 too.  Nothing is asserted; numbers are printed.
 """
+
 import argparse
 import hashlib
 import json
@@ -90,9 +91,14 @@ def build_data(corpus, out, spm_vocab, dict_size):
 
     out.mkdir(parents=True, exist_ok=True)
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(out / "spm"), vocab_size=spm_vocab,
-        model_type="bpe", byte_fallback=True, character_coverage=1.0,
-        num_threads=2, minloglevel=2,
+        input=str(corpus),
+        model_prefix=str(out / "spm"),
+        vocab_size=spm_vocab,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        num_threads=2,
+        minloglevel=2,
     )
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]  # skip unk/bos/eos
@@ -110,9 +116,20 @@ def build_data(corpus, out, spm_vocab, dict_size):
             for sent in sentences(line):
                 dst.write(" ".join(sp.encode(sent, out_type=str)) + "\n")
     cmd = [
-        sys.executable, "-m", "fairseq_cli.preprocess", "--only-source",
-        "--srcdict", str(out / "dict.txt"), "--trainpref", str(out / "train.txt"),
-        "--destdir", str(out), "--workers", "1", "--dataset-impl", "mmap",
+        sys.executable,
+        "-m",
+        "fairseq_cli.preprocess",
+        "--only-source",
+        "--srcdict",
+        str(out / "dict.txt"),
+        "--trainpref",
+        str(out / "train.txt"),
+        "--destdir",
+        str(out),
+        "--workers",
+        "1",
+        "--dataset-impl",
+        "mmap",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -126,16 +143,46 @@ def build_data(corpus, out, spm_vocab, dict_size):
 def fairseq_argv(setup, args):
     layers, dim, ffn, heads = SHAPES[args.arch_size]
     return [
-        args.data, "--user-dir", str(USER_DIR), "--cpu", "--seed", "1",
-        "--task", setup, "--criterion", setup, "--arch", ARCHS[setup].format(args.arch_size),
-        "--encoder-layers", str(layers), "--encoder-embed-dim", str(dim),
-        "--encoder-ffn-embed-dim", str(ffn), "--encoder-attention-heads", str(heads),
-        "--tokens-per-sample", str(args.tokens_per_sample),
-        "--sample-break-mode", args.sample_break_mode,
-        "--batch-size", str(args.batch_size),
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6",
-        "--weight-decay", "0.01", "--lr", "1e-4", "--lr-scheduler", "fixed",
-        "--num-workers", "0",
+        args.data,
+        "--user-dir",
+        str(USER_DIR),
+        "--cpu",
+        "--seed",
+        "1",
+        "--task",
+        setup,
+        "--criterion",
+        setup,
+        "--arch",
+        ARCHS[setup].format(args.arch_size),
+        "--encoder-layers",
+        str(layers),
+        "--encoder-embed-dim",
+        str(dim),
+        "--encoder-ffn-embed-dim",
+        str(ffn),
+        "--encoder-attention-heads",
+        str(heads),
+        "--tokens-per-sample",
+        str(args.tokens_per_sample),
+        "--sample-break-mode",
+        args.sample_break_mode,
+        "--batch-size",
+        str(args.batch_size),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9,0.98)",
+        "--adam-eps",
+        "1e-6",
+        "--weight-decay",
+        "0.01",
+        "--lr",
+        "1e-4",
+        "--lr-scheduler",
+        "fixed",
+        "--num-workers",
+        "0",
     ]
 
 
@@ -230,18 +277,20 @@ class Worker:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", setup, "--data", str(data)]
         for name in ("arch_size", "batch_size", "tokens_per_sample", "threads", "sample_break_mode"):
             cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
-        env = dict(os.environ, PYTHONWARNINGS="ignore",
-                   OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+        env = dict(
+            os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads)
+        )
         self.setup = setup
         self.stderr_path = Path(log_dir) / f"{setup}.stderr"
         self.stderr = open(self.stderr_path, "w")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
+        )
 
     def _expect(self, tag):
         for line in self.proc.stdout:
             if line.startswith(tag):
-                return line[len(tag):].strip()
+                return line[len(tag) :].strip()
         self.proc.wait()
         self.stderr.close()
         err = self.stderr_path.read_text()[-6000:]
@@ -282,8 +331,10 @@ def run_interleaved(args, data, log_dir):
                 measured = workers[setup].step()
                 if step >= args.warmup:
                     times[setup].append(measured)
-            print(f"  step {step + 1}/{args.warmup + args.steps}"
-                  f"{' (warm-up)' if step < args.warmup else ''} done", flush=True)
+            print(
+                f"  step {step + 1}/{args.warmup + args.steps}{' (warm-up)' if step < args.warmup else ''} done",
+                flush=True,
+            )
         results = {}
         for setup, w in workers.items():
             r = w.finish()
@@ -304,21 +355,30 @@ def mib(kb):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch-size", choices=sorted(SHAPES), default="tiny",
-                   help="encoder shape of both setups (default tiny)")
+    p.add_argument(
+        "--arch-size", choices=sorted(SHAPES), default="tiny", help="encoder shape of both setups (default tiny)"
+    )
     p.add_argument("--steps", type=int, default=10, help="timed training steps per setup (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before (default 2)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
-    p.add_argument("--tokens-per-sample", type=int, default=128,
-                   help="block length incl. <s>/[CLS] (default 128)")
+    p.add_argument("--tokens-per-sample", type=int, default=128, help="block length incl. <s>/[CLS] (default 128)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    p.add_argument("--sample-break-mode", default="complete", choices=["none", "complete", "complete_doc", "eos"],
-                   help="same for both tasks (default complete, the seed_pretrain default)")
-    p.add_argument("--dict-size", type=int, default=32768,
-                   help="pad the dictionary with unused symbols to this many entries "
-                   "(default 32768; 0 = the corpus' sentencepiece pieces only)")
-    p.add_argument("--spm-vocab", type=int, default=1000,
-                   help="sentencepiece pieces learned from the corpus (default 1000)")
+    p.add_argument(
+        "--sample-break-mode",
+        default="complete",
+        choices=["none", "complete", "complete_doc", "eos"],
+        help="same for both tasks (default complete, the seed_pretrain default)",
+    )
+    p.add_argument(
+        "--dict-size",
+        type=int,
+        default=32768,
+        help="pad the dictionary with unused symbols to this many entries "
+        "(default 32768; 0 = the corpus' sentencepiece pieces only)",
+    )
+    p.add_argument(
+        "--spm-vocab", type=int, default=1000, help="sentencepiece pieces learned from the corpus (default 1000)"
+    )
     p.add_argument("--corpus", default=str(DEMO_CORPUS), help="plain-text corpus (default: the demo corpus)")
     p.add_argument("--worker", choices=SETUPS, help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -342,38 +402,57 @@ def main(argv=None):
     layers, dim, ffn, heads = SHAPES[args.arch_size]
     b, t = seed["batch_shape"]
     print()
-    print(f"encoder {layers} layers x {dim}, FFN {ffn}, {heads} heads; vocabulary {seed['vocab']}; "
-          f"adam; {seed['threads']} threads; --cpu")
-    print(f"batch: {b} x {t} tokens ({seed['real_tokens']} non-pad, {seed['masked_tokens']} masked), "
-          f"identical encoder input and MLM target in both (sha1 {seed['digest']})")
+    print(
+        f"encoder {layers} layers x {dim}, FFN {ffn}, {heads} heads; vocabulary {seed['vocab']}; "
+        f"adam; {seed['threads']} threads; --cpu"
+    )
+    print(
+        f"batch: {b} x {t} tokens ({seed['real_tokens']} non-pad, {seed['masked_tokens']} masked), "
+        f"identical encoder input and MLM target in both (sha1 {seed['digest']})"
+    )
     print(f"{args.warmup} warm-up steps excluded, {args.steps} timed steps each")
     print()
-    header = f"{'setup':<14} {'arch':<18} {'params':>11} {'median s/step':>14} {'mean s/step':>12} " \
-             f"{'CPU s/step':>11} {'peak mem MiB':>13} {'peak RSS MiB':>13}"
+    header = (
+        f"{'setup':<14} {'arch':<18} {'params':>11} {'median s/step':>14} {'mean s/step':>12} "
+        f"{'CPU s/step':>11} {'peak mem MiB':>13} {'peak RSS MiB':>13}"
+    )
     print(header)
     print("-" * len(header))
     for setup in SETUPS:
         r = results[setup]
-        print(f"{setup:<14} {r['arch']:<18} {r['params']:>11,} {statistics.median(r['times']):>14.4f} "
-              f"{statistics.mean(r['times']):>12.4f} {statistics.median(r['cpu_times']):>11.4f} "
-              f"{mib(r['peak_rss_kb'] - r['rss_before_model_kb']):>13.1f} {mib(r['peak_rss_kb']):>13.1f}")
+        print(
+            f"{setup:<14} {r['arch']:<18} {r['params']:>11,} {statistics.median(r['times']):>14.4f} "
+            f"{statistics.mean(r['times']):>12.4f} {statistics.median(r['cpu_times']):>11.4f} "
+            f"{mib(r['peak_rss_kb'] - r['rss_before_model_kb']):>13.1f} {mib(r['peak_rss_kb']):>13.1f}"
+        )
     print()
     for setup in SETUPS:
         print(f"{setup} step times (s): " + " ".join(f"{x:.4f}" for x in results[setup]["times"]))
     print()
-    print("s/step = wall clock per train_step; CPU s/step = median process CPU time per step "
-          "(all threads; less sensitive to other load on the machine)")
-    print('peak mem = peak RSS of the setup\'s own process (ru_maxrss) minus its RSS just before the '
-          'model was built: parameters, gradients, adam state, activations')
+    print(
+        "s/step = wall clock per train_step; CPU s/step = median process CPU time per step "
+        "(all threads; less sensitive to other load on the machine)"
+    )
+    print(
+        "peak mem = peak RSS of the setup's own process (ru_maxrss) minus its RSS just before the "
+        "model was built: parameters, gradients, adam state, activations"
+    )
     mem_ratio = (seed["peak_rss_kb"] - seed["rss_before_model_kb"]) / max(
-        1, mlm["peak_rss_kb"] - mlm["rss_before_model_kb"])
+        1, mlm["peak_rss_kb"] - mlm["rss_before_model_kb"]
+    )
     print(f"ratio seed_pretrain/masked_lm peak mem: {mem_ratio:.2f}x")
-    print(f"ratio seed_pretrain/masked_lm CPU time per step: "
-          f"{statistics.median(seed['cpu_times']) / statistics.median(mlm['cpu_times']):.2f}x (median)")
-    print(f"ratio seed_pretrain/masked_lm mean step time: "
-          f"{statistics.mean(seed['times']) / statistics.mean(mlm['times']):.2f}x")
-    print(f"ratio seed_pretrain/masked_lm step time: "
-          f"{statistics.median(seed['times']) / statistics.median(mlm['times']):.2f}x (median)")
+    print(
+        f"ratio seed_pretrain/masked_lm CPU time per step: "
+        f"{statistics.median(seed['cpu_times']) / statistics.median(mlm['cpu_times']):.2f}x (median)"
+    )
+    print(
+        f"ratio seed_pretrain/masked_lm mean step time: "
+        f"{statistics.mean(seed['times']) / statistics.mean(mlm['times']):.2f}x"
+    )
+    print(
+        f"ratio seed_pretrain/masked_lm step time: "
+        f"{statistics.median(seed['times']) / statistics.median(mlm['times']):.2f}x (median)"
+    )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,12 @@ def main(argv=None):
     p.add_argument("--data", required=True, help="folder with dict.txt, spm.model and preprocess.json")
     p.add_argument("--out", required=True, help="output folder (missing, empty, or an earlier export)")
     p.add_argument("--mlm-head", action="store_true", help="export XLMRobertaForMaskedLM with the MLM head")
-    p.add_argument("--force", action="store_true",
-                   help="replace an earlier export in --out (a folder holding seed_fairseq_export.json); "
-                        "any other non-empty folder is refused, with or without --force")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier export in --out (a folder holding seed_fairseq_export.json); "
+        "any other non-empty folder is refused, with or without --force",
+    )
     p.add_argument("--atol", type=float, default=1e-5, help="max abs difference allowed vs fairseq (fp32)")
     args = p.parse_args(argv)
     try:

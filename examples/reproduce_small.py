@@ -38,6 +38,7 @@ At real scale, e.g. on a GPU box with your corpus and MS MARCO:
         --fairseq-args "--fp16" --retrieval-data msmarco/ --train-split train --test-split dev.small \\
         --dev-split none --ft-epochs 1 --ft-batch-size 64 --ft-lr 2e-5 --max-seq-length 128
 """
+
 import argparse
 import json
 import os
@@ -52,14 +53,27 @@ sys.path.insert(0, str(REPO))
 
 from examples.retrieval.bm25 import BM25  # noqa: E402
 from examples.retrieval.common import (  # noqa: E402
-    OutputError, apply_umask, check_output_dir, fraction, nonneg_int, own_staging_dir, positive_int,
-    replace_dir, report, seed_int, write_json_atomic, write_text_atomic,
+    OutputError,
+    apply_umask,
+    check_output_dir,
+    fraction,
+    nonneg_int,
+    own_staging_dir,
+    positive_int,
+    replace_dir,
+    report,
+    seed_int,
+    write_json_atomic,
+    write_text_atomic,
 )
 from examples.retrieval.data import DataFormatError, derive_retrieval_set, load_data  # noqa: E402
 from examples.retrieval.evaluate import evaluate_model  # noqa: E402
 from examples.retrieval.finetune import FinetuneConfig, finetune  # noqa: E402
 from examples.retrieval.metrics import (  # noqa: E402
-    compare, evaluate, read_trec_run, write_trec_run,
+    compare,
+    evaluate,
+    read_trec_run,
+    write_trec_run,
 )
 from examples.retrieval.search import SearchError, load_model  # noqa: E402
 
@@ -70,8 +84,19 @@ STAGES = ("data", "pretrain", "export", "similarity", "retrieval", "finetune")
 TOOL = "examples/reproduce_small.py"
 RECORD = "reproduce_small.json"  # the script's record in --out: the folder is its own
 # what the script writes in --out (used to recognise folders written before the record existed)
-LAYOUT = {RECORD, "data-bin", "pretrain", "hf", "logs", "cls_similarity.json", "retrieval", "runs", "finetuned",
-          "results.md", "results.json"}
+LAYOUT = {
+    RECORD,
+    "data-bin",
+    "pretrain",
+    "hf",
+    "logs",
+    "cls_similarity.json",
+    "retrieval",
+    "runs",
+    "finetuned",
+    "results.md",
+    "results.json",
+}
 
 
 def log(msg):
@@ -96,10 +121,12 @@ def bin_of(name):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/reproduce_small")
-    p.add_argument("--corpus", default=str(REPO / "examples" / "data" / "demo_corpus.txt"),
-                   help="pre-training text: one paragraph per line, blank line between documents")
-    p.add_argument("--seed", type=seed_int, default=1,
-                   help="one seed for pre-training, fine-tuning and sampling")
+    p.add_argument(
+        "--corpus",
+        default=str(REPO / "examples" / "data" / "demo_corpus.txt"),
+        help="pre-training text: one paragraph per line, blank line between documents",
+    )
+    p.add_argument("--seed", type=seed_int, default=1, help="one seed for pre-training, fine-tuning and sampling")
     p.add_argument("--models", default=",".join(MODELS), help="subset of seed,mlm,full")
     p.add_argument("--force-stage", choices=STAGES, help="redo this stage and every later one")
     g = p.add_argument_group("pre-training (identical for the three models)")
@@ -113,16 +140,25 @@ def parse_args(argv=None):
     g.add_argument("--tokens-per-sample", type=int, default=128)
     g.add_argument("--seed-arch", default="seed_encoder_tiny", help="3-layer k=2 decoder architecture")
     g.add_argument("--mlm-arch", default="seed_encoder_mlm_only")
-    g.add_argument("--full-arch", default=None,
-                   help="full-attention decoder arch (default: --seed-arch with --decoder-attention-window full)")
-    g.add_argument("--encoder-args", default=TINY_ENCODER,
-                   help="encoder sizes given to ALL three runs (empty for the archs' own sizes)")
+    g.add_argument(
+        "--full-arch",
+        default=None,
+        help="full-attention decoder arch (default: --seed-arch with --decoder-attention-window full)",
+    )
+    g.add_argument(
+        "--encoder-args",
+        default=TINY_ENCODER,
+        help="encoder sizes given to ALL three runs (empty for the archs' own sizes)",
+    )
     g.add_argument("--fairseq-args", default="", help="extra fairseq-train arguments for all runs, e.g. --fp16")
     g.add_argument("--gpu", action="store_true", help="train on GPU (default: --cpu)")
     g.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for the CLIs")
     g = p.add_argument_group("retrieval")
-    g.add_argument("--retrieval-data", default=None,
-                   help="BEIR or MS MARCO folder (default: derived from --corpus into OUT/retrieval)")
+    g.add_argument(
+        "--retrieval-data",
+        default=None,
+        help="BEIR or MS MARCO folder (default: derived from --corpus into OUT/retrieval)",
+    )
     g.add_argument("--train-split", default="train")
     g.add_argument("--dev-split", default="dev", help="'none' to skip the dev curve")
     g.add_argument("--test-split", default="test")
@@ -173,8 +209,12 @@ def claim_out(out: Path) -> None:
     resumed.  A folder of an earlier version of the script (before the record)
     is recognised by its layout and adopted.  Anything else is the user's.
     """
-    legacy = (out.is_dir() and not (out / RECORD).exists() and (out / "logs" / "data.log").is_file()
-              and all(child.name in LAYOUT for child in out.iterdir()))
+    legacy = (
+        out.is_dir()
+        and not (out / RECORD).exists()
+        and (out / "logs" / "data.log").is_file()
+        and all(child.name in LAYOUT for child in out.iterdir())
+    )
     if not legacy and check_output_dir(out, RECORD, "reproduce_small.py", is_own=is_own_record):
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -190,29 +230,75 @@ def stage_target(target: Path, marker: str) -> None:
 def pretrain_commands(args, data_bin: Path, out: Path, save_dirs=None):
     """fairseq-train command per model; ``save_dirs`` overrides OUT/pretrain/M."""
     common = [
-        str(data_bin), "--user-dir", str(REPO / "seed_fairseq"),
-        "--task", "seed_pretrain", "--criterion", "seed_pretrain",
-        "--tokens-per-sample", str(args.tokens_per_sample), "--sample-break-mode", "complete",
-        "--batch-size", str(args.batch_size), "--update-freq", str(args.update_freq),
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6", "--weight-decay", "0.01",
-        "--lr", str(args.lr), "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(args.warmup),
-        "--total-num-update", str(args.updates), "--max-update", str(args.updates),
-        "--clip-norm", "1.0", "--dropout", "0.1", "--attention-dropout", "0.1",
-        "--disable-validation", "--no-epoch-checkpoints", "--save-interval-updates", "0",
-        "--log-format", "simple", "--log-interval", "50", "--seed", str(args.seed),
-        *([] if args.gpu else ["--cpu"]), *shlex.split(args.encoder_args), *shlex.split(args.fairseq_args),
+        str(data_bin),
+        "--user-dir",
+        str(REPO / "seed_fairseq"),
+        "--task",
+        "seed_pretrain",
+        "--criterion",
+        "seed_pretrain",
+        "--tokens-per-sample",
+        str(args.tokens_per_sample),
+        "--sample-break-mode",
+        "complete",
+        "--batch-size",
+        str(args.batch_size),
+        "--update-freq",
+        str(args.update_freq),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9,0.999)",
+        "--adam-eps",
+        "1e-6",
+        "--weight-decay",
+        "0.01",
+        "--lr",
+        str(args.lr),
+        "--lr-scheduler",
+        "polynomial_decay",
+        "--warmup-updates",
+        str(args.warmup),
+        "--total-num-update",
+        str(args.updates),
+        "--max-update",
+        str(args.updates),
+        "--clip-norm",
+        "1.0",
+        "--dropout",
+        "0.1",
+        "--attention-dropout",
+        "0.1",
+        "--disable-validation",
+        "--no-epoch-checkpoints",
+        "--save-interval-updates",
+        "0",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "50",
+        "--seed",
+        str(args.seed),
+        *([] if args.gpu else ["--cpu"]),
+        *shlex.split(args.encoder_args),
+        *shlex.split(args.fairseq_args),
     ]
     archs = {
         "seed": ["--arch", args.seed_arch],
         # plain MLM, as the paper's BERT baseline (seed_pretrain's default 0.5
         # weight is the MLM half of the SEED loss; with --clip-norm it matters)
         "mlm": ["--arch", args.mlm_arch, "--mlm-weight", "1.0"],
-        "full": (["--arch", args.full_arch] if args.full_arch
-                 else ["--arch", args.seed_arch, "--decoder-attention-window", "full"]),
+        "full": (
+            ["--arch", args.full_arch]
+            if args.full_arch
+            else ["--arch", args.seed_arch, "--decoder-attention-window", "full"]
+        ),
     }
     save_dirs = save_dirs or {}
-    return {m: [bin_of("fairseq-train"), *common, *archs[m], "--save-dir",
-                str(save_dirs.get(m, out / "pretrain" / m))] for m in archs}
+    return {
+        m: [bin_of("fairseq-train"), *common, *archs[m], "--save-dir", str(save_dirs.get(m, out / "pretrain" / m))]
+        for m in archs
+    }
 
 
 def cls_similarity(model_dir: Path, texts, lengths, pairs: int, seed: int):
@@ -228,8 +314,9 @@ def cls_similarity(model_dir: Path, texts, lengths, pairs: int, seed: int):
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModel.from_pretrained(str(model_dir)).eval()
-    max_len = model.config.max_position_embeddings - (tok.pad_token_id + 1 if model.config.model_type in (
-        "xlm-roberta", "roberta") else 0)
+    max_len = model.config.max_position_embeddings - (
+        tok.pad_token_id + 1 if model.config.model_type in ("xlm-roberta", "roberta") else 0
+    )
     stream = [i for t in texts for i in tok(t, add_special_tokens=False)["input_ids"]]
     rng = np.random.default_rng(seed)
     out, notes = {}, []
@@ -241,7 +328,7 @@ def cls_similarity(model_dir: Path, texts, lengths, pairs: int, seed: int):
             notes.append(f"{L}: skipped, corpus has only {len(stream)} tokens")
             continue
         starts = rng.integers(0, len(stream) - (L - 2) + 1, size=(pairs, 2))
-        ids = torch.tensor([[tok.cls_token_id, *stream[s:s + L - 2], tok.sep_token_id] for s in starts.ravel()])
+        ids = torch.tensor([[tok.cls_token_id, *stream[s : s + L - 2], tok.sep_token_id] for s in starts.ravel()])
         vecs = []
         with torch.inference_mode():
             for chunk in ids.split(32):
@@ -252,8 +339,11 @@ def cls_similarity(model_dir: Path, texts, lengths, pairs: int, seed: int):
 
 
 def corpus_documents(path: Path):
-    return [" ".join(p.strip() for p in d.splitlines() if p.strip())
-            for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    return [
+        " ".join(p.strip() for p in d.splitlines() if p.strip())
+        for d in path.read_text(encoding="utf-8").split("\n\n")
+        if d.strip()
+    ]
 
 
 def fmt(x, digits=3):
@@ -279,12 +369,25 @@ def run(args):
     models = [m for m in args.models.split(",") if m]
     unknown = set(models) - set(MODELS)
     if unknown or not models:
-        return report(f"--models: unknown {sorted(unknown)}; choose from {','.join(MODELS)}" if unknown
-                      else f"--models: no model given; choose from {','.join(MODELS)}")
-    cfg = FinetuneConfig(negatives=args.negatives, loss=args.loss, train_fraction=args.train_fraction,
-                         seed=args.seed, batch_size=args.ft_batch_size, lr=args.ft_lr, epochs=args.ft_epochs,
-                         num_negatives=args.num_negatives, eval_every=args.eval_every,
-                         encode_batch_size=args.encode_batch_size, index=args.index, show_progress=False)
+        return report(
+            f"--models: unknown {sorted(unknown)}; choose from {','.join(MODELS)}"
+            if unknown
+            else f"--models: no model given; choose from {','.join(MODELS)}"
+        )
+    cfg = FinetuneConfig(
+        negatives=args.negatives,
+        loss=args.loss,
+        train_fraction=args.train_fraction,
+        seed=args.seed,
+        batch_size=args.ft_batch_size,
+        lr=args.ft_lr,
+        epochs=args.ft_epochs,
+        num_negatives=args.num_negatives,
+        eval_every=args.eval_every,
+        encode_batch_size=args.encode_batch_size,
+        index=args.index,
+        show_progress=False,
+    )
     try:
         cfg.validate()  # now, not after an hour of pre-training
     except ValueError as e:
@@ -301,10 +404,30 @@ def run(args):
     if not stages.done("data", data_bin / "preprocess.json"):
         # preprocess.build resumes its own interrupted build and refuses a folder it
         # did not write; --force (discard its earlier build) only when asked to redo it
-        sh([sys.executable, "-m", "preprocess.build", "--text", args.corpus, "--out", data_bin,
-            *(["--force"] if stages.forced("data") else []),
-            "--vocab-size", args.vocab_size, "--workers", min(2, args.threads) or 1,
-            "--valid-docs", args.valid_docs, "--test-docs", 0, "--seed", args.seed], out / "logs" / "data.log", env)
+        sh(
+            [
+                sys.executable,
+                "-m",
+                "preprocess.build",
+                "--text",
+                args.corpus,
+                "--out",
+                data_bin,
+                *(["--force"] if stages.forced("data") else []),
+                "--vocab-size",
+                args.vocab_size,
+                "--workers",
+                min(2, args.threads) or 1,
+                "--valid-docs",
+                args.valid_docs,
+                "--test-docs",
+                0,
+                "--seed",
+                args.seed,
+            ],
+            out / "logs" / "data.log",
+            env,
+        )
     times["data"] = time.time() - t0
 
     # 2. pre-training: identical except the decoder.  fairseq-train writes
@@ -329,10 +452,21 @@ def run(args):
         if not stages.done("export", hf[m] / "config.json"):
             # export_to_hf writes atomically; --force (replace) only for an earlier export of ours
             stage_target(hf[m], "config.json")
-            sh([sys.executable, REPO / "examples" / "export_to_hf.py", "--checkpoint",
-                out / "pretrain" / m / "checkpoint_last.pt", "--data", data_bin, "--out", hf[m],
-                *(["--force"] if (hf[m] / "config.json").is_file() else [])],
-               out / "logs" / f"export_{m}.log", env)
+            sh(
+                [
+                    sys.executable,
+                    REPO / "examples" / "export_to_hf.py",
+                    "--checkpoint",
+                    out / "pretrain" / m / "checkpoint_last.pt",
+                    "--data",
+                    data_bin,
+                    "--out",
+                    hf[m],
+                    *(["--force"] if (hf[m] / "config.json").is_file() else []),
+                ],
+                out / "logs" / f"export_{m}.log",
+                env,
+            )
 
     import torch
 
@@ -366,9 +500,11 @@ def run(args):
             write_text_atomic(staging / "stats.json", json.dumps(st.__dict__, indent=2) + "\n")
             replace_dir(staging, rdir)
         st = json.loads((rdir / "stats.json").read_text())
-        design = (f"derived from {Path(args.corpus).name}: {st['passages']} passages (paragraphs), "
-                  f"queries = one removed sentence per paragraph, split by document: "
-                  + ", ".join(f"{k} {v}" for k, v in st["queries"].items()))
+        design = (
+            f"derived from {Path(args.corpus).name}: {st['passages']} passages (paragraphs), "
+            f"queries = one removed sentence per paragraph, split by document: "
+            + ", ".join(f"{k} {v}" for k, v in st["queries"].items())
+        )
     train = load_data(rdir, args.train_split)
     test = load_data(rdir, args.test_split)
     dev = None if args.dev_split == "none" else load_data(rdir, args.dev_split)
@@ -377,8 +513,9 @@ def run(args):
     runs_dir.mkdir(exist_ok=True)
     bm25_run = runs_dir / "bm25.trec"
     if not stages.done("finetune", bm25_run):
-        write_trec_run(BM25(test.corpus).retrieve({q: test.queries[q] for q in test.query_ids()}, k=args.k),
-                       bm25_run, tag="bm25")
+        write_trec_run(
+            BM25(test.corpus).retrieve({q: test.queries[q] for q in test.query_ids()}, k=args.k), bm25_run, tag="bm25"
+        )
 
     # 6. identical fine-tuning and evaluation (cfg built and checked at the start)
     device = "cuda" if args.gpu else "cpu"
@@ -391,8 +528,9 @@ def run(args):
         if not stages.done("finetune", run_file):
             stage_target(ft_dir, "finetune.json")
             model = load_model(hf[m], device, args.max_seq_length)
-            _, zs_run = evaluate_model(model, test, k=args.k, batch_size=args.encode_batch_size,
-                                       index=args.index, show_progress=False)
+            _, zs_run = evaluate_model(
+                model, test, k=args.k, batch_size=args.encode_batch_size, index=args.index, show_progress=False
+            )
             write_trec_run(zs_run, zs_file, tag=f"{m}-zeroshot")
             log(f"fine-tuning {m}")
             # built beside finetuned/M and renamed: a kill never leaves half a model there
@@ -403,8 +541,9 @@ def run(args):
             write_text_atomic(staging / "finetune.json", json.dumps(summary, indent=2))
             stage_target(ft_dir, "finetune.json")
             replace_dir(staging, ft_dir)
-            _, run = evaluate_model(model, test, k=args.k, batch_size=args.encode_batch_size,
-                                    index=args.index, show_progress=False)
+            _, run = evaluate_model(
+                model, test, k=args.k, batch_size=args.encode_batch_size, index=args.index, show_progress=False
+            )
             write_trec_run(run, run_file, tag=m)
         zero_shot[m] = evaluate(test.qrels, read_trec_run(zs_file))
         times[f"finetune_{m}"] = time.time() - t0
@@ -414,14 +553,19 @@ def run(args):
     runs_bm25 = read_trec_run(bm25_run)
     results = {"bm25": {"metrics": evaluate(test.qrels, runs_bm25)}}
     for m in models:
-        results[m] = {"metrics": evaluate(test.qrels, runs[m]), "zero_shot": zero_shot[m],
-                      "cls_cosine": sims[m]["cosine"]}
+        results[m] = {
+            "metrics": evaluate(test.qrels, runs[m]),
+            "zero_shot": zero_shot[m],
+            "cls_cosine": sims[m]["cosine"],
+        }
         if "mlm" in runs and m != "mlm":
-            results[m]["p_vs_mlm"] = compare(test.qrels, runs[m], runs["mlm"], n_resamples=args.resamples,
-                                             seed=args.seed)
+            results[m]["p_vs_mlm"] = compare(
+                test.qrels, runs[m], runs["mlm"], n_resamples=args.resamples, seed=args.seed
+            )
     if "mlm" in runs:
-        results["bm25"]["p_vs_mlm"] = compare(test.qrels, runs_bm25, runs["mlm"], n_resamples=args.resamples,
-                                              seed=args.seed)
+        results["bm25"]["p_vs_mlm"] = compare(
+            test.qrels, runs_bm25, runs["mlm"], n_resamples=args.resamples, seed=args.seed
+        )
 
     n_q = len(test.query_ids())
     lines = [
@@ -438,29 +582,40 @@ def run(args):
         label = "BM25 (bm25s)" if m == "bm25" else LABELS[m]
         p = r.get("p_vs_mlm", {}).get("MRR@10")
         zs = r.get("zero_shot", {}).get("MRR@10")
-        lines.append(f"| {label} | {fmt(r['metrics']['MRR@10'])} | {fmt(r['metrics']['R@100'])} | "
-                     f"{fmt(r['metrics']['nDCG@10'])} | {fmt_p(p)} | {fmt(zs)} |")
-    lines += ["", "Mean [CLS] cosine of random text pairs before fine-tuning (paper Fig. 1b / 5; lower = more diverse)",
-              "", "| model | " + " | ".join(f"{L} tokens" for L in lengths) + " |",
-              "| --- |" + " --- |" * len(lengths)]
+        lines.append(
+            f"| {label} | {fmt(r['metrics']['MRR@10'])} | {fmt(r['metrics']['R@100'])} | "
+            f"{fmt(r['metrics']['nDCG@10'])} | {fmt_p(p)} | {fmt(zs)} |"
+        )
+    lines += [
+        "",
+        "Mean [CLS] cosine of random text pairs before fine-tuning (paper Fig. 1b / 5; lower = more diverse)",
+        "",
+        "| model | " + " | ".join(f"{L} tokens" for L in lengths) + " |",
+        "| --- |" + " --- |" * len(lengths),
+    ]
     for m in models:
         cos = sims[m]["cosine"]
-        cells = [fmt(cos[str(L)]) + ("*" if L > args.tokens_per_sample else "") if str(L) in cos else "skipped"
-                 for L in lengths]
+        cells = [
+            fmt(cos[str(L)]) + ("*" if L > args.tokens_per_sample else "") if str(L) in cos else "skipped"
+            for L in lengths
+        ]
         lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     notes = sorted({n for m in models for n in sims[m]["notes"]})
     if notes:
         lines.append("")
         lines.append("lengths " + "; ".join(notes))
     if any(L > args.tokens_per_sample for L in lengths if any(str(L) in sims[m]["cosine"] for m in models)):
-        lines.append(f"* longer than the pre-training blocks ({args.tokens_per_sample} tokens): "
-                     "those positions were never trained")
+        lines.append(
+            f"* longer than the pre-training blocks ({args.tokens_per_sample} tokens): "
+            "those positions were never trained"
+        )
     times["total"] = time.time() - t_start
     lines += ["", "wall-clock seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items())]
     table = "\n".join(lines)
     write_text_atomic(out / "results.md", table + "\n")
-    write_text_atomic(out / "results.json", json.dumps({"results": results, "times": times, "args": vars(args)},
-                                                       indent=2) + "\n")
+    write_text_atomic(
+        out / "results.json", json.dumps({"results": results, "times": times, "args": vars(args)}, indent=2) + "\n"
+    )
     print(table)
     return 0
 

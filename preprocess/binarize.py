@@ -4,6 +4,7 @@ This is the code path ``fairseq-preprocess --only-source --srcdict dict.txt
 --dataset-impl mmap --workers N`` runs (FileBinarizer + VocabularyDatasetBinarizer),
 called in-process to skip its CLI start-up; tests check the bytes are identical.
 """
+
 from fairseq.binarizer import FileBinarizer, VocabularyDatasetBinarizer
 from fairseq.data import Dictionary
 

@@ -21,6 +21,7 @@ Every file is written under a temporary name and renamed when complete
 (seed_fairseq.fileio). ``--out`` must be missing, empty, or hold this tool's
 own record (preprocess.record); nothing else in it is ever written or deleted.
 """
+
 import argparse
 import contextlib
 import errno
@@ -99,8 +100,12 @@ class InputHasher:
         key = str(Path(path).resolve())
         st = os.stat(key)
         entry = self.cache.get(key)
-        if not (entry and entry.get("bytes") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns
-                and isinstance(entry.get("sha256"), str)):
+        if not (
+            entry
+            and entry.get("bytes") == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns
+            and isinstance(entry.get("sha256"), str)
+        ):
             entry = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256_file(Path(path))}
         self.used[key] = entry
         return entry["sha256"]
@@ -137,8 +142,9 @@ class Build:
         self.args = args
         self.out = Path(args.out)
         self.work = self.out / WORK
-        self.sources = ([("wiki", p) for p in args.wiki] + [("books", p) for p in args.books]
-                        + [("text", p) for p in args.text])
+        self.sources = (
+            [("wiki", p) for p in args.wiki] + [("books", p) for p in args.books] + [("text", p) for p in args.text]
+        )
         self.hasher: Optional[InputHasher] = None
         self.identities: List[Dict[str, Any]] = []
         self.runner: Optional[Runner] = None
@@ -151,16 +157,23 @@ class Build:
         --valid-docs/--test-docs are null when not given (chosen from the corpus)."""
         a = self.args
         return {
-            "lowercase": a.lowercase, "nfkc": a.nfkc, "vocab_size": a.vocab_size,
-            "byte_fallback": a.byte_fallback, "character_coverage": a.character_coverage,
-            "spm_sample_sentences": a.spm_sample_sentences, "valid_docs": a.valid_docs,
-            "test_docs": a.test_docs, "shards": a.shards, "seed": a.seed, "skip_bad": a.skip_bad,
-            "line_unit": a.line_unit, "max_line_pieces": a.max_line_pieces,
+            "lowercase": a.lowercase,
+            "nfkc": a.nfkc,
+            "vocab_size": a.vocab_size,
+            "byte_fallback": a.byte_fallback,
+            "character_coverage": a.character_coverage,
+            "spm_sample_sentences": a.spm_sample_sentences,
+            "valid_docs": a.valid_docs,
+            "test_docs": a.test_docs,
+            "shards": a.shards,
+            "seed": a.seed,
+            "skip_bad": a.skip_bad,
+            "line_unit": a.line_unit,
+            "max_line_pieces": a.max_line_pieces,
         }
 
     def config(self) -> Dict[str, Any]:
-        return dict(self.options(), sources=[{"kind": s["kind"], "sha256": s["sha256"]}
-                                             for s in self.identities])
+        return dict(self.options(), sources=[{"kind": s["kind"], "sha256": s["sha256"]} for s in self.identities])
 
     def legacy_config(self) -> Dict[str, Any]:
         """The ``config`` the code before content hashes recorded for this command
@@ -180,23 +193,39 @@ class Build:
         # Each stage's options are exactly what it reads: changing one redoes
         # that stage and the stages after it that read its output, nothing before.
         return [
-            Stage("extract", self.stage_extract, pick("lowercase", "nfkc", "line_unit", "skip_bad"),
-                  reads=("inputs",), folder="extract"),
-            Stage("split", self.stage_split, pick("valid_docs", "test_docs", "shards", "seed"),
-                  reads=("extract",), folder="split"),
-            Stage("vocab", self.stage_vocab,
-                  pick("vocab_size", "byte_fallback", "character_coverage", "spm_sample_sentences"),
-                  reads=("split",), folder="vocab"),
+            Stage(
+                "extract",
+                self.stage_extract,
+                pick("lowercase", "nfkc", "line_unit", "skip_bad"),
+                reads=("inputs",),
+                folder="extract",
+            ),
+            Stage(
+                "split",
+                self.stage_split,
+                pick("valid_docs", "test_docs", "shards", "seed"),
+                reads=("extract",),
+                folder="split",
+            ),
+            Stage(
+                "vocab",
+                self.stage_vocab,
+                pick("vocab_size", "byte_fallback", "character_coverage", "spm_sample_sentences"),
+                reads=("split",),
+                folder="vocab",
+            ),
             Stage("encode", self.stage_encode, pick("max_line_pieces"), reads=("split", "vocab"), folder="bpe"),
             Stage("binarize", self.stage_binarize, reads=("encode", "vocab"), folder="bin"),
-            Stage("finalize", self.stage_finalize, reads=("extract", "split", "vocab", "encode", "binarize"),
-                  marker=False),
+            Stage(
+                "finalize", self.stage_finalize, reads=("extract", "split", "vocab", "encode", "binarize"), marker=False
+            ),
         ]
 
     def identify_inputs(self, cache: Dict[str, Any]) -> None:
         self.hasher = InputHasher(cache)
-        self.identities = [{"kind": k, "path": str(Path(p).resolve()), "sha256": self.hasher.source(k, p)}
-                           for k, p in self.sources]
+        self.identities = [
+            {"kind": k, "path": str(Path(p).resolve()), "sha256": self.hasher.source(k, p)} for k, p in self.sources
+        ]
         inputs_fp = fingerprint([[s["kind"], s["sha256"]] for s in self.identities])
         self.runner = Runner(self.work, self.stages(), {"inputs": inputs_fp})
 
@@ -217,8 +246,11 @@ class Build:
         own_work = out.is_dir() and rec.work_is_own(out)
         if record is None and not own_work:
             if out.is_dir() and (out / RECORD).exists():
-                raise _output_error(out / RECORD, f"is not a build record of {TOOL}; refusing to write "
-                                                  "into this folder: choose a new or empty folder")
+                raise _output_error(
+                    out / RECORD,
+                    f"is not a build record of {TOOL}; refusing to write "
+                    "into this folder: choose a new or empty folder",
+                )
             fileio.check_output_dir(out, RECORD, TOOL)  # missing or empty, else OutputError
         state = rec.WorkState.load(out) if own_work else rec.WorkState(out)
 
@@ -228,12 +260,17 @@ class Build:
         fp = self.runner.fingerprints["finalize"]
 
         if record is not None and not force:
-            same = (record.get("fingerprint") == fp if "fingerprint" in record
-                    else record.get("config") == self.legacy_config())
+            same = (
+                record.get("fingerprint") == fp
+                if "fingerprint" in record
+                else record.get("config") == self.legacy_config()
+            )
             if not same:
                 raise PreprocessError(
-                    out / RECORD, "OUT already holds a build with other inputs or options (it may be in "
-                                  "use); use another --out or pass --force to rebuild it")
+                    out / RECORD,
+                    "OUT already holds a build with other inputs or options (it may be in "
+                    "use); use another --out or pass --force to rebuild it",
+                )
             logger.info("%s is complete for these inputs and options; nothing to do", out)
             if own_work and record.get("work_kept") is False:
                 # A kill while the finished build removed its work folder.
@@ -244,8 +281,11 @@ class Build:
         # A finished build's folder with a .work the tool did not write: the
         # build would write its state into it and delete it when done.
         if (self.work.exists() or self.work.is_symlink()) and not own_work:
-            raise _output_error(self.work, f"exists and was not written by {TOOL}; refusing to use it "
-                                           "as the work folder: move it away or choose another --out")
+            raise _output_error(
+                self.work,
+                f"exists and was not written by {TOOL}; refusing to use it "
+                "as the work folder: move it away or choose another --out",
+            )
         # Files this build may replace: the ones its records list. Anything
         # else where the build would write is the user's: refuse now, before
         # hours of work (finalize checks again).
@@ -279,11 +319,17 @@ class Build:
             for parent in list(reversed(path.relative_to(self.out).parents))[1:]:
                 p = self.out / parent
                 if (p.exists() or p.is_symlink()) and (p.is_symlink() or not p.is_dir()):
-                    raise _output_error(p, f"is in the way of {rel}, which {TOOL} writes, and was not "
-                                           "written by it; move it away or choose another --out")
+                    raise _output_error(
+                        p,
+                        f"is in the way of {rel}, which {TOOL} writes, and was not "
+                        "written by it; move it away or choose another --out",
+                    )
             if (path.exists() or path.is_symlink()) and rel not in owned:
-                raise _output_error(path, f"exists and was not written by {TOOL}; refusing to overwrite "
-                                          "it: move it away or choose another --out")
+                raise _output_error(
+                    path,
+                    f"exists and was not written by {TOOL}; refusing to overwrite "
+                    "it: move it away or choose another --out",
+                )
 
     def lock(self) -> None:
         """One build at a time in OUT: a second one is refused, it never waits."""
@@ -298,8 +344,9 @@ class Build:
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise _output_error(self.out, f"another {TOOL} is writing this folder; "
-                                              "wait for it to finish or stop it") from None
+                raise _output_error(
+                    self.out, f"another {TOOL} is writing this folder; wait for it to finish or stop it"
+                ) from None
             return  # a file system without locks: carry on as before
         self._lock_fd = fd
 
@@ -342,23 +389,37 @@ class Build:
         corpus = self.work / "extract" / "corpus.txt"
         stats = {}
         with _fileio().atomic_path(corpus) as tmp:
-            totals = extract(self.sources, tmp,
-                             {"lowercase": self.args.lowercase, "nfkc": self.args.nfkc,
-                              "line_unit": self.args.line_unit},
-                             self.args.workers, self.args.skip_bad, stats)
+            totals = extract(
+                self.sources,
+                tmp,
+                {"lowercase": self.args.lowercase, "nfkc": self.args.nfkc, "line_unit": self.args.line_unit},
+                self.args.workers,
+                self.args.skip_bad,
+                stats,
+            )
             if totals["documents"] == 0:
-                raise PreprocessError(", ".join(str(p) for _, p in self.sources),
-                                      "no text found in the input (no documents after cleaning)")
+                raise PreprocessError(
+                    ", ".join(str(p) for _, p in self.sources),
+                    "no text found in the input (no documents after cleaning)",
+                )
             changed = self.hasher.changed_since_hashed()
             if changed:
                 # The fingerprint names the content hashed before reading.
                 raise PreprocessError(changed, "changed while it was being read; run the command again")
-        logger.info("extract: %d documents, %d paragraphs -> %d lines (--line-unit %s)",
-                    totals["documents"], totals["paragraphs"], totals["lines"], self.args.line_unit)
+        logger.info(
+            "extract: %d documents, %d paragraphs -> %d lines (--line-unit %s)",
+            totals["documents"],
+            totals["paragraphs"],
+            totals["lines"],
+            self.args.line_unit,
+        )
         # Stats by position (not by path): a reused extraction stays right when
         # an input was only renamed.
-        return {"corpus": str(corpus.relative_to(self.out)), "totals": totals,
-                "sources": [stats.get(str(p), {"kind": k}) for k, p in self.sources]}
+        return {
+            "corpus": str(corpus.relative_to(self.out)),
+            "totals": totals,
+            "sources": [stats.get(str(p), {"kind": k}) for k, p in self.sources],
+        }
 
     def stage_split(self, results):
         from .split import AUTO_FRACTION_PERCENT, AUTO_MAX, choose_held_out, split
@@ -370,23 +431,37 @@ class Build:
             raise PreprocessError(
                 ", ".join(str(p) for _, p in self.sources),
                 f"only {n} documents: --valid-docs {valid} + --test-docs {test} "
-                f"leave fewer than one train document per shard (--shards {a.shards})")
-        chosen = [name for name, given in (("--valid-docs", a.valid_docs), ("--test-docs", a.test_docs))
-                  if given is None]
+                f"leave fewer than one train document per shard (--shards {a.shards})",
+            )
+        chosen = [
+            name for name, given in (("--valid-docs", a.valid_docs), ("--test-docs", a.test_docs)) if given is None
+        ]
         if chosen:
-            logger.info("held out %d valid and %d test documents of %d (%s not given: %d%% of the "
-                        "documents each, at most %d, and at least one train document per shard)",
-                        valid, test, n, " and ".join(chosen), AUTO_FRACTION_PERCENT, AUTO_MAX)
+            logger.info(
+                "held out %d valid and %d test documents of %d (%s not given: %d%% of the "
+                "documents each, at most %d, and at least one train document per shard)",
+                valid,
+                test,
+                n,
+                " and ".join(chosen),
+                AUTO_FRACTION_PERCENT,
+                AUTO_MAX,
+            )
         names = (["valid"] if valid else []) + (["test"] if test else []) + [f"train{k}" for k in range(a.shards)]
         d = self.work / "split"
         atomic_path = _fileio().atomic_path
         with contextlib.ExitStack() as stack:
             tmps = {name: stack.enter_context(atomic_path(d / f"{name}.txt")) for name in names}
             counts = split(self.work / "extract" / "corpus.txt", n, valid, test, a.shards, a.seed, tmps)
-        return {"valid_docs": valid, "test_docs": test,
-                "chosen": {"valid_docs": "auto" if a.valid_docs is None else "given",
-                           "test_docs": "auto" if a.test_docs is None else "given"},
-                "splits": counts}
+        return {
+            "valid_docs": valid,
+            "test_docs": test,
+            "chosen": {
+                "valid_docs": "auto" if a.valid_docs is None else "given",
+                "test_docs": "auto" if a.test_docs is None else "given",
+            },
+            "splits": counts,
+        }
 
     @staticmethod
     def split_names(results) -> List[str]:
@@ -404,9 +479,13 @@ class Build:
         with atomic_path(sample) as tmp:
             kept = vocab.systematic_sample(train_files, train_lines, self.args.spm_sample_sentences, tmp)
         logger.info("training sentencepiece BPE (%d pieces) on %d lines", self.args.vocab_size, kept)
-        model = vocab.train_spm(sample, self.args.vocab_size, self.args.workers,
-                                byte_fallback=self.args.byte_fallback,
-                                character_coverage=self.args.character_coverage)
+        model = vocab.train_spm(
+            sample,
+            self.args.vocab_size,
+            self.args.workers,
+            byte_fallback=self.args.byte_fallback,
+            character_coverage=self.args.character_coverage,
+        )
         # The model is renamed into place last (after spm.vocab and dict.txt).
         with atomic_path(d / "spm.model") as tmp_model:
             tmp_model.write_bytes(model)
@@ -441,16 +520,21 @@ class Build:
                     bar.update(counts[name]["input_lines"])
                     continue
                 with fileio.atomic_path(dst) as tmp:
-                    counts[name] = encode_file(src, tmp, model, self.args.workers, progress=bar,
-                                               max_pieces=max_pieces)
+                    counts[name] = encode_file(src, tmp, model, self.args.workers, progress=bar, max_pieces=max_pieces)
                     # The counts first: a .bpe in place always has its counts beside it.
                     fileio.write_json_atomic(stats, counts[name])
         cut = sum(c["lines_cut"] for c in counts.values())
         added = sum(c["chunks_added"] for c in counts.values())
         lines = sum(c["input_lines"] for c in counts.values())
         if max_pieces:
-            logger.info("encode: %d of %d lines were longer than --max-line-pieces %d pieces and were "
-                        "cut into chunks (%d extra lines)", cut, lines, max_pieces, added)
+            logger.info(
+                "encode: %d of %d lines were longer than --max-line-pieces %d pieces and were "
+                "cut into chunks (%d extra lines)",
+                cut,
+                lines,
+                max_pieces,
+                added,
+            )
         return counts
 
     def stage_binarize(self, results):
@@ -494,8 +578,9 @@ class Build:
         copies = [(vocab_dir / name, name) for name in ("spm.model", "spm.vocab", "dict.txt")]
         if a.shards > 1:
             # Each shard is a complete fairseq data dir of its own (dict + spm beside it).
-            copies += [(vocab_dir / name, f"shard{k}/{name}") for k in range(a.shards)
-                       for name in ("dict.txt", "spm.model")]
+            copies += [
+                (vocab_dir / name, f"shard{k}/{name}") for k in range(a.shards) for name in ("dict.txt", "spm.model")
+            ]
         for src, rel in copies:
             _fileio().copy_atomic(src, staging / rel)
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -513,9 +598,15 @@ class Build:
                 elif not dst.exists():
                     raise FileNotFoundError(src)
         record = rec.build_record(
-            a, self.identities, results, config=self.config(), fingerprints=self.runner.fingerprints,
-            outputs=planned, input_files=dict(self.hasher.used),
-            dictionary_sha256=dictionary_sha256(out / "dict.txt"))
+            a,
+            self.identities,
+            results,
+            config=self.config(),
+            fingerprints=self.runner.fingerprints,
+            outputs=planned,
+            input_files=dict(self.hasher.used),
+            dictionary_sha256=dictionary_sha256(out / "dict.txt"),
+        )
         rec.write_record(out, record, staging)
         shutil.rmtree(staging, ignore_errors=True)
         if not a.keep_work:
@@ -529,46 +620,97 @@ def parse_args(argv=None):
         description="Raw Wikipedia dumps / BookCorpus-style text -> sentencepiece BPE + fairseq mmap data.",
     )
     g = p.add_argument_group("inputs (read in this order: all --wiki, all --books, all --text)")
-    g.add_argument("--wiki", action="append", default=[], metavar="DUMP",
-                   help="MediaWiki XML export, .xml or .xml.bz2 (repeatable)")
-    g.add_argument("--books", action="append", default=[], metavar="DIR",
-                   help="directory of .txt files, one book per file (repeatable)")
-    g.add_argument("--text", action="append", default=[], metavar="FILE",
-                   help="text with one paragraph (or sentence) per line, blank line between documents "
-                        "(repeatable)")
-    p.add_argument("--out", required=True,
-                   help="output folder (fairseq data dir): missing, empty, or an earlier build of this tool")
+    g.add_argument(
+        "--wiki",
+        action="append",
+        default=[],
+        metavar="DUMP",
+        help="MediaWiki XML export, .xml or .xml.bz2 (repeatable)",
+    )
+    g.add_argument(
+        "--books",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="directory of .txt files, one book per file (repeatable)",
+    )
+    g.add_argument(
+        "--text",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="text with one paragraph (or sentence) per line, blank line between documents (repeatable)",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output folder (fairseq data dir): missing, empty, or an earlier build of this tool",
+    )
     p.add_argument("--vocab-size", type=int, default=32768, help="sentencepiece pieces (default 32768)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
-    p.add_argument("--line-unit", choices=LINE_UNITS, default="sentence",
-                   help="what one line (one fairseq item) is: 'sentence' (default; paragraphs split "
-                        "by blingfire, as in BERT/RoBERTa/SEED data) or 'paragraph'")
-    p.add_argument("--max-line-pieces", type=int, default=510, metavar="N",
-                   help="cut any line longer than N sentencepiece pieces into consecutive chunks of at "
-                        "most N (nothing is lost), so --sample-break-mode complete never makes an "
-                        "oversized block; default 510 = --tokens-per-sample 512 minus [CLS] and </s>; "
-                        "0 = never cut")
-    p.add_argument("--spm-sample-sentences", type=int, default=1_000_000,
-                   help="train lines (sentences or paragraphs, see --line-unit) sampled for "
-                        "sentencepiece; 0 = all (default 1000000)")
+    p.add_argument(
+        "--line-unit",
+        choices=LINE_UNITS,
+        default="sentence",
+        help="what one line (one fairseq item) is: 'sentence' (default; paragraphs split "
+        "by blingfire, as in BERT/RoBERTa/SEED data) or 'paragraph'",
+    )
+    p.add_argument(
+        "--max-line-pieces",
+        type=int,
+        default=510,
+        metavar="N",
+        help="cut any line longer than N sentencepiece pieces into consecutive chunks of at "
+        "most N (nothing is lost), so --sample-break-mode complete never makes an "
+        "oversized block; default 510 = --tokens-per-sample 512 minus [CLS] and </s>; "
+        "0 = never cut",
+    )
+    p.add_argument(
+        "--spm-sample-sentences",
+        type=int,
+        default=1_000_000,
+        help="train lines (sentences or paragraphs, see --line-unit) sampled for "
+        "sentencepiece; 0 = all (default 1000000)",
+    )
     p.add_argument("--character-coverage", type=float, default=0.9995)
-    p.add_argument("--byte-fallback", action=argparse.BooleanOptionalAction, default=True,
-                   help="unknown characters become UTF-8 byte pieces (default on); off: they become <unk>")
-    p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
-                   help="lower-case all text (default on: the released SEED-Encoder is uncased)")
-    p.add_argument("--nfkc", action=argparse.BooleanOptionalAction, default=True,
-                   help="Unicode NFKC normalisation (default on)")
-    p.add_argument("--valid-docs", type=int, default=None,
-                   help="documents held out for valid (default: 5%% of the documents, at most 1000)")
-    p.add_argument("--test-docs", type=int, default=None,
-                   help="documents held out for test (default: 5%% of the documents, at most 1000)")
+    p.add_argument(
+        "--byte-fallback",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="unknown characters become UTF-8 byte pieces (default on); off: they become <unk>",
+    )
+    p.add_argument(
+        "--lowercase",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="lower-case all text (default on: the released SEED-Encoder is uncased)",
+    )
+    p.add_argument(
+        "--nfkc", action=argparse.BooleanOptionalAction, default=True, help="Unicode NFKC normalisation (default on)"
+    )
+    p.add_argument(
+        "--valid-docs",
+        type=int,
+        default=None,
+        help="documents held out for valid (default: 5%% of the documents, at most 1000)",
+    )
+    p.add_argument(
+        "--test-docs",
+        type=int,
+        default=None,
+        help="documents held out for test (default: 5%% of the documents, at most 1000)",
+    )
     p.add_argument("--shards", type=int, default=1, help="train shards: OUT/shard0..N-1 when N > 1")
     p.add_argument("--seed", type=int, default=1, help="seed of the valid/test document choice")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="skip (and count) non-UTF-8 lines of text inputs instead of stopping")
+    p.add_argument(
+        "--skip-bad", action="store_true", help="skip (and count) non-UTF-8 lines of text inputs instead of stopping"
+    )
     p.add_argument("--keep-work", action="store_true", help="keep OUT/.work (normalised text, pieces)")
-    p.add_argument("--force", action="store_true",
-                   help="discard the earlier build in OUT (the files its record lists) and start over")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="discard the earlier build in OUT (the files its record lists) and start over",
+    )
     p.add_argument("--stop-after", choices=STAGES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not (args.wiki or args.books or args.text):
@@ -604,8 +746,7 @@ def main(argv=None):
     except OSError as e:
         if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:
             raise
-        print(f"error: {e.filename}: {e.strerror}; fix this and rerun the same command to resume",
-              file=sys.stderr)
+        print(f"error: {e.filename}: {e.strerror}; fix this and rerun the same command to resume", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)

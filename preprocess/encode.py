@@ -12,6 +12,7 @@ never split across blocks, so a longer line would make a block longer than
 chunks are the line's pieces in order, nothing is added or lost: their pieces
 concatenated are the line's pieces (see ``cut_pieces``).
 """
+
 import itertools
 
 from .parallel import ordered_imap
@@ -102,8 +103,11 @@ def encode_file(src, dst, model_path, workers, chunk_lines=2000, progress=None, 
     n_in = n_out = n_cut = 0
     with open(dst, "w", encoding="utf-8", newline="\n") as out:
         for encoded, n_lines, cut in ordered_imap(
-            encode_lines, _chunks(src, chunk_lines), workers,
-            initializer=_init_worker, initargs=(str(model_path), max_pieces),
+            encode_lines,
+            _chunks(src, chunk_lines),
+            workers,
+            initializer=_init_worker,
+            initargs=(str(model_path), max_pieces),
         ):
             out.writelines(line + "\n" for line in encoded)
             n_in += n_lines

@@ -8,6 +8,7 @@ its sentences joined by one space give back the normalised paragraph. Inputs are
 order --wiki..., --books..., --text...; documents that normalise to nothing are
 dropped (and counted), never written as empty documents.
 """
+
 from tqdm import tqdm
 
 from . import text as textmod
@@ -31,8 +32,9 @@ def _process_task(task):
         raw_lines = wiki.clean_wikitext(payload) if kind == "wiki" else payload
         lines = []
         for raw in raw_lines:
-            para, whole = textmod.paragraph_lines(raw, lowercase=options["lowercase"], nfkc=options["nfkc"],
-                                                  line_unit=line_unit)
+            para, whole = textmod.paragraph_lines(
+                raw, lowercase=options["lowercase"], nfkc=options["nfkc"], line_unit=line_unit
+            )
             if para:
                 paragraphs += 1
                 kept_whole += whole
@@ -88,9 +90,10 @@ def extract(sources, out_path, options, workers, skip_bad, stats):
     docs = lines_written = nbytes = dropped = 0
     counters = {"paragraphs": 0, "paragraphs_kept_whole": 0}
     doc_has_text = False  # does the document being written have a line yet?
-    started = False       # have we seen any segment yet?
-    with open(out_path, "w", encoding="utf-8", newline="\n") as out, \
-            tqdm(desc="extract", unit=" docs", disable=None) as bar:
+    started = False  # have we seen any segment yet?
+    with open(out_path, "w", encoding="utf-8", newline="\n") as out, tqdm(
+        desc="extract", unit=" docs", disable=None
+    ) as bar:
         for results, task_counters in ordered_imap(_process_task, tasks, workers):
             for k, v in task_counters.items():
                 counters[k] += v
@@ -114,6 +117,11 @@ def extract(sources, out_path, options, workers, skip_bad, stats):
                     lines_written += 1
         if started and not doc_has_text:
             dropped += 1
-    return {"documents": docs, "paragraphs": counters["paragraphs"], "lines": lines_written,
-            "bytes": nbytes, "empty_documents_dropped": dropped,
-            "paragraphs_kept_whole": counters["paragraphs_kept_whole"]}
+    return {
+        "documents": docs,
+        "paragraphs": counters["paragraphs"],
+        "lines": lines_written,
+        "bytes": nbytes,
+        "empty_documents_dropped": dropped,
+        "paragraphs_kept_whole": counters["paragraphs_kept_whole"],
+    }

@@ -1,4 +1,5 @@
 """Order-preserving parallel map with a bounded number of tasks in flight."""
+
 import collections
 import multiprocessing
 

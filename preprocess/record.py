@@ -13,6 +13,7 @@ Two records say a folder is this tool's:
 The tool overwrites or deletes only files these records list (and its own
 ``.work`` folder); anything else in ``OUT`` is the user's.
 """
+
 import hashlib
 import json
 import os
@@ -180,8 +181,9 @@ class WorkState:
     def save(self) -> None:
         from seed_fairseq.fileio import write_json_atomic  # lazily: see preprocess.build._fileio
 
-        write_json_atomic(self.path, {"format": STATE_FORMAT, "tool": TOOL, "outputs": self.outputs,
-                                      "input_files": self.input_files})
+        write_json_atomic(
+            self.path, {"format": STATE_FORMAT, "tool": TOOL, "outputs": self.outputs, "input_files": self.input_files}
+        )
 
 
 def remove_work(out: Path) -> None:
@@ -216,8 +218,12 @@ def legacy_source_fingerprint(kind: str, path: str) -> Dict[str, Any]:
             h.update(f"{f.relative_to(p)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return {"kind": kind, "path": str(p), "files_digest": h.hexdigest()}
     st = p.stat() if p.exists() else None
-    return {"kind": kind, "path": str(p),
-            "bytes": st.st_size if st else None, "mtime_ns": st.st_mtime_ns if st else None}
+    return {
+        "kind": kind,
+        "path": str(p),
+        "bytes": st.st_size if st else None,
+        "mtime_ns": st.st_mtime_ns if st else None,
+    }
 
 
 def versions() -> Dict[str, Optional[str]]:
@@ -244,9 +250,17 @@ def versions() -> Dict[str, Optional[str]]:
 # ---- writing the record ---------------------------------------------------------------------
 
 
-def build_record(args, sources: List[Dict[str, Any]], results: Dict[str, Any], *,
-                 config: Dict[str, Any], fingerprints: Dict[str, str], outputs: List[str],
-                 input_files: Dict[str, Any], dictionary_sha256: str) -> Dict[str, Any]:
+def build_record(
+    args,
+    sources: List[Dict[str, Any]],
+    results: Dict[str, Any],
+    *,
+    config: Dict[str, Any],
+    fingerprints: Dict[str, str],
+    outputs: List[str],
+    input_files: Dict[str, Any],
+    dictionary_sha256: str,
+) -> Dict[str, Any]:
     """The content of ``preprocess.json`` for a finished build.
 
     ``sources``: [{"kind", "path", "sha256"}] in input order; ``results``: the
@@ -261,9 +275,13 @@ def build_record(args, sources: List[Dict[str, Any]], results: Dict[str, Any], *
     splits = {}
     for name, counts in split_counts.items():
         enc = results["encode"][name]
-        splits[name] = dict(counts, **results["binarize"][name],
-                            lines_cut=enc["lines_cut"], chunks_added=enc["chunks_added"],
-                            path=split_prefix(name, a.shards))
+        splits[name] = dict(
+            counts,
+            **results["binarize"][name],
+            lines_cut=enc["lines_cut"],
+            chunks_added=enc["chunks_added"],
+            path=split_prefix(name, a.shards),
+        )
     totals = results["extract"]["totals"]
     source_stats = results["extract"]["sources"]
     pieces = results["vocab"]["pieces"]
@@ -281,8 +299,9 @@ def build_record(args, sources: List[Dict[str, Any]], results: Dict[str, Any], *
         },
         "lines": {
             "unit": a.line_unit,
-            "sentence_splitter": (textmod.SENTENCE_SPLITTER + " (cased text, cut only at spaces)"
-                                  if a.line_unit == "sentence" else None),
+            "sentence_splitter": (
+                textmod.SENTENCE_SPLITTER + " (cased text, cut only at spaces)" if a.line_unit == "sentence" else None
+            ),
             "paragraphs": totals["paragraphs"],
             "lines": totals["lines"],
             "paragraphs_kept_whole": totals["paragraphs_kept_whole"],
@@ -290,21 +309,25 @@ def build_record(args, sources: List[Dict[str, Any]], results: Dict[str, Any], *
             "lines_cut": sum(s["lines_cut"] for s in splits.values()),
             "chunks_added": sum(s["chunks_added"] for s in splits.values()),
             "rule": "sentences of a paragraph joined by one space = the normalised paragraph; "
-                    "a line of more than max_line_pieces pieces is cut into consecutive chunks "
-                    "of at most max_line_pieces pieces, one per line, pieces unchanged (0 = no cut)",
+            "a line of more than max_line_pieces pieces is cut into consecutive chunks "
+            "of at most max_line_pieces pieces, one per line, pieces unchanged (0 = no cut)",
         },
         "sentencepiece": {
-            "model": "spm.model", "model_type": "bpe", "vocab_size": pieces,
-            "normalization_rule_name": "identity", "byte_fallback": a.byte_fallback,
+            "model": "spm.model",
+            "model_type": "bpe",
+            "vocab_size": pieces,
+            "normalization_rule_name": "identity",
+            "byte_fallback": a.byte_fallback,
             "character_coverage": a.character_coverage,
             "special_ids": {"unk": 0, "bos": 1, "eos": 2, "pad": -1},
             "sample_sentences_requested": a.spm_sample_sentences,
             "sample_lines_used": results["vocab"]["sample_lines"],
         },
         "fairseq_dictionary": {
-            "file": "dict.txt", "convention": "xlm-r (fairseq_offset=1)",
+            "file": "dict.txt",
+            "convention": "xlm-r (fairseq_offset=1)",
             "rule": "fairseq = spm + 1 for spm >= 3; spm <unk> 0 -> 3, <s> 1 -> 0, </s> 2 -> 2; "
-                    "<pad> = 1; <mask> appended by the task = len(spm) + 1",
+            "<pad> = 1; <mask> appended by the task = len(spm) + 1",
             "function": "preprocess.vocab.spm_to_fairseq_id",
             "counts": "1 for every piece",
             "size_with_specials": pieces + 1,
@@ -313,11 +336,16 @@ def build_record(args, sources: List[Dict[str, Any]], results: Dict[str, Any], *
             # task, checkpoints and the HF export before ids are trusted.
             "sha256": dictionary_sha256,
         },
-        "sources": [dict(kind=s["kind"], path=s["path"], sha256=s["sha256"], stats=stats)
-                    for s, stats in zip(sources, source_stats)],
+        "sources": [
+            dict(kind=s["kind"], path=s["path"], sha256=s["sha256"], stats=stats)
+            for s, stats in zip(sources, source_stats)
+        ],
         "documents": totals,
-        "held_out": {"valid_docs": split_result["valid_docs"], "test_docs": split_result["test_docs"],
-                     "chosen": split_result["chosen"]},
+        "held_out": {
+            "valid_docs": split_result["valid_docs"],
+            "test_docs": split_result["test_docs"],
+            "chosen": split_result["chosen"],
+        },
         "splits": splits,
         "shards": a.shards,
         "seed": a.seed,

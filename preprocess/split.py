@@ -8,11 +8,11 @@ than its first pages, and it needs only O(valid+test) memory. Train document j
 How many documents are held out: what --valid-docs/--test-docs say, or, when
 they are not given, ``choose_held_out``'s share of the corpus.
 """
+
 import random
 from typing import Optional, Tuple
 
 from tqdm import tqdm
-
 
 # Held out when --valid-docs/--test-docs are not given: this share of the
 # documents each, at most AUTO_MAX (the fixed default before, which a full
@@ -22,8 +22,7 @@ AUTO_FRACTION_PERCENT = 5
 AUTO_MAX = 1000
 
 
-def choose_held_out(num_docs: int, valid_docs: Optional[int], test_docs: Optional[int],
-                    shards: int) -> Tuple[int, int]:
+def choose_held_out(num_docs: int, valid_docs: Optional[int], test_docs: Optional[int], shards: int) -> Tuple[int, int]:
     """(valid, test) document counts; ``None`` = not given, choose one.
 
     Given values are used as they are (the caller checks that they leave a
@@ -89,8 +88,9 @@ def split(corpus_path, num_docs, valid_docs, test_docs, shards, seed, paths):
     writers = {name: _SplitWriter(path) for name, path in paths.items()}
     train_index = 0
     try:
-        for i, doc in enumerate(tqdm(_documents(corpus_path), total=num_docs, desc="split",
-                                     unit=" docs", disable=None)):
+        for i, doc in enumerate(
+            tqdm(_documents(corpus_path), total=num_docs, desc="split", unit=" docs", disable=None)
+        ):
             if i in valid:
                 writers["valid"].write(doc)
             elif i in test:

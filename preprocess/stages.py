@@ -17,6 +17,7 @@ otherwise. Stages must be deterministic (same fingerprint, same files), which
 is what makes reusing a downstream stage after its upstream was redone with
 the same fingerprint correct.
 """
+
 import hashlib
 import json
 import logging
@@ -79,10 +80,14 @@ class Runner:
             missing = [r for r in stage.reads if r not in fps]
             if missing:
                 raise ValueError(f"stage {stage.name} reads {missing}, which come later or do not exist")
-            fps[stage.name] = fingerprint({
-                "stage": stage.name, "version": stage.version, "options": dict(stage.options),
-                "reads": {r: fps[r] for r in stage.reads},
-            })
+            fps[stage.name] = fingerprint(
+                {
+                    "stage": stage.name,
+                    "version": stage.version,
+                    "options": dict(stage.options),
+                    "reads": {r: fps[r] for r in stage.reads},
+                }
+            )
         self.fingerprints: Dict[str, str] = fps
 
     def marker(self, name: str) -> Path:
@@ -139,9 +144,10 @@ class Runner:
                 self._begin(stage)
                 results[stage.name] = stage.run(results)
                 if stage.marker:
-                    write_json_atomic(self.marker(stage.name),
-                                      {"fingerprint": self.fingerprints[stage.name],
-                                       "result": results[stage.name]})
+                    write_json_atomic(
+                        self.marker(stage.name),
+                        {"fingerprint": self.fingerprints[stage.name], "result": results[stage.name]},
+                    )
                 logger.info("stage %s: done", stage.name)
             if stop_after == stage.name:
                 logger.info("stopping after stage %s (--stop-after)", stage.name)

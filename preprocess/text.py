@@ -5,6 +5,7 @@
 downstream encoding) must apply it before the sentencepiece model, because the
 model itself is trained with sentencepiece's ``identity`` normalizer.
 """
+
 import re
 import unicodedata
 from pathlib import Path
@@ -53,8 +54,9 @@ def _blingfire():
     try:
         import blingfire
     except ImportError:  # pragma: no cover - blingfire is a dependency of preprocess/
-        raise PreprocessError("blingfire", "not installed: pip install blingfire "
-                                           "(needed by --line-unit sentence)") from None
+        raise PreprocessError(
+            "blingfire", "not installed: pip install blingfire (needed by --line-unit sentence)"
+        ) from None
     return blingfire
 
 

@@ -16,9 +16,9 @@ dict.txt lists the pieces with sentencepiece ids 3..N-1 in id order, one
 spm.model (anyone can rebuild it from the model alone), and fairseq never
 reorders a loaded dictionary by count.
 """
+
 import io
 import re
-from pathlib import Path
 
 import sentencepiece as spm
 
@@ -99,7 +99,10 @@ def train_spm(sample_path, vocab_size, threads, byte_fallback=True, character_co
             byte_fallback=byte_fallback,
             normalization_rule_name="identity",
             # Default special ids, stated so the convention is visible here.
-            unk_id=SPM_UNK, bos_id=SPM_BOS, eos_id=SPM_EOS, pad_id=-1,
+            unk_id=SPM_UNK,
+            bos_id=SPM_BOS,
+            eos_id=SPM_EOS,
+            pad_id=-1,
             num_threads=max(1, threads),
             # The sample is already the size we want; spm must not subsample it.
             input_sentence_size=0,

@@ -4,6 +4,7 @@ Streaming: ``xml.etree.ElementTree.iterparse`` over a ``bz2`` stream (multi-stre
 dumps included), each <page> element freed once read. Cleaning uses
 mwparserfromhell; only the post-cleanup tidying is hand-written.
 """
+
 import bz2
 import re
 import xml.etree.ElementTree as ET
@@ -19,15 +20,42 @@ from .text import check_nonempty_file
 _DROP_LINK_PREFIXES = ("file:", "image:", "media:", "category:")
 # Tags whose contents are not prose. Wiki tables ({| ... |}) parse as <table>.
 _DROP_TAGS = {
-    "ref", "references", "table", "gallery", "math", "chem", "ce", "timeline",
-    "score", "syntaxhighlight", "source", "pre", "imagemap", "graph", "mapframe",
-    "maplink", "templatedata", "hiero", "inputbox", "categorytree", "code",
+    "ref",
+    "references",
+    "table",
+    "gallery",
+    "math",
+    "chem",
+    "ce",
+    "timeline",
+    "score",
+    "syntaxhighlight",
+    "source",
+    "pre",
+    "imagemap",
+    "graph",
+    "mapframe",
+    "maplink",
+    "templatedata",
+    "hiero",
+    "inputbox",
+    "categorytree",
+    "code",
 }
 # Trailing sections that are lists of links/citations rather than prose.
 _DROP_SECTIONS = {
-    "references", "external links", "see also", "further reading", "notes",
-    "bibliography", "sources", "footnotes", "citations", "notes and references",
-    "works cited", "literature",
+    "references",
+    "external links",
+    "see also",
+    "further reading",
+    "notes",
+    "bibliography",
+    "sources",
+    "footnotes",
+    "citations",
+    "notes and references",
+    "works cited",
+    "literature",
 }
 # An interlanguage/interwiki link looks like [[fr:Titre]]: a short lowercase prefix.
 _INTERWIKI = re.compile(r"^:?[a-z][a-z\-]{1,11}:")
@@ -79,8 +107,7 @@ def iter_pages(path, stats):
                 if _local(elem.tag) != "mediawiki":
                     raise PreprocessError(
                         path,
-                        f"not a MediaWiki XML export (root element is <{_local(elem.tag)}>, "
-                        "expected <mediawiki>)",
+                        f"not a MediaWiki XML export (root element is <{_local(elem.tag)}>, expected <mediawiki>)",
                     )
                 continue
             if event != "end" or _local(elem.tag) != "page":
@@ -117,17 +144,12 @@ def iter_pages(path, stats):
         if msg.startswith("no element found") or "unclosed token" in msg:
             problem = f"truncated XML ({msg})"
         elif "not well-formed (invalid token)" in msg:
-            problem = (
-                f"not a well-formed MediaWiki XML export ({msg}); "
-                "non-UTF-8 bytes or non-XML data"
-            )
+            problem = f"not a well-formed MediaWiki XML export ({msg}); non-UTF-8 bytes or non-XML data"
         else:
             problem = f"not a well-formed MediaWiki XML export ({msg})"
         raise PreprocessError(path, problem) from None
     except EOFError:
-        raise PreprocessError(
-            path, "truncated .bz2 file (compressed stream ended before its end marker)"
-        ) from None
+        raise PreprocessError(path, "truncated .bz2 file (compressed stream ended before its end marker)") from None
     except OSError as e:
         raise PreprocessError(path, f"corrupt .bz2 data ({e})") from None
     finally:
@@ -158,8 +180,7 @@ def clean_wikitext(text):
     for node in code.filter_wikilinks(recursive=True):
         title = str(node.title).strip().lower()
         if title.startswith(_DROP_LINK_PREFIXES) or (
-            _INTERWIKI.match(title) and not title.startswith(":")
-            and " " not in title.split(":", 1)[0]
+            _INTERWIKI.match(title) and not title.startswith(":") and " " not in title.split(":", 1)[0]
         ):
             _drop_node(code, node)
     for node in code.filter_headings(recursive=False):

@@ -8,5 +8,9 @@ checkpoints under torch >= 2.6, torchrun on CPU).
 
 __version__ = "0.1.0"
 
-from . import compat  # noqa: F401
-from . import criterions, models, tasks  # noqa: F401
+from . import (  # noqa: F401
+    compat,  # noqa: F401
+    criterions,
+    models,
+    tasks,
+)

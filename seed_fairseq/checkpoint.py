@@ -160,8 +160,14 @@ def embedding_rows(state: dict) -> Optional[int]:
     return None if weight is None else int(weight.shape[0])
 
 
-def check_dictionary(state: dict, path: PathLike, dict_path: PathLike, dictionary_size: int,
-                     allow_change: bool = False, option: str = "--allow-dictionary-change") -> None:
+def check_dictionary(
+    state: dict,
+    path: PathLike,
+    dict_path: PathLike,
+    dictionary_size: int,
+    allow_change: bool = False,
+    option: str = "--allow-dictionary-change",
+) -> None:
     """Refuse a checkpoint trained with another dictionary than ``dict_path``.
 
     ``dictionary_size`` counts every symbol the model embeds (specials and
@@ -172,28 +178,38 @@ def check_dictionary(state: dict, path: PathLike, dict_path: PathLike, dictionar
     rows = embedding_rows(state)
     if rows is not None and rows != dictionary_size:
         raise CheckpointError(
-            path, f"dictionary size mismatch: the checkpoint's token embedding has {rows} rows but "
-                  f"{dict_path} gives {dictionary_size} symbols (including specials and <mask>); "
-                  "use the data folder (dict.txt) the checkpoint was trained with")
+            path,
+            f"dictionary size mismatch: the checkpoint's token embedding has {rows} rows but "
+            f"{dict_path} gives {dictionary_size} symbols (including specials and <mask>); "
+            "use the data folder (dict.txt) the checkpoint was trained with",
+        )
     recorded, source = recorded_dictionary(state)
     current = dictionary_sha256(dict_path)
     if recorded is None:
-        logger.warning(f"{path}: the checkpoint does not record its dictionary ({source}); "
-                       f"cannot check that {dict_path} is the one it was trained with")
+        logger.warning(
+            f"{path}: the checkpoint does not record its dictionary ({source}); "
+            f"cannot check that {dict_path} is the one it was trained with"
+        )
         return
     if recorded != current:
-        problem = (f"trained with a different dictionary than {dict_path} (same size, other symbols: "
-                   f"sha256 {recorded[:12]}... {source}, {current[:12]}... in the data); the token ids "
-                   "would not match the embeddings")
+        problem = (
+            f"trained with a different dictionary than {dict_path} (same size, other symbols: "
+            f"sha256 {recorded[:12]}... {source}, {current[:12]}... in the data); the token ids "
+            "would not match the embeddings"
+        )
         if not allow_change:
-            raise CheckpointError(path, problem + f"; use the data folder it was trained on, or pass "
-                                                  f"{option} to change the vocabulary on purpose")
+            raise CheckpointError(
+                path,
+                problem + f"; use the data folder it was trained on, or pass "
+                f"{option} to change the vocabulary on purpose",
+            )
         logger.warning(f"{path}: {problem}; continuing because of {option}")
 
 
 # ---------------------------------------------------------------------------
 # restarts
 # ---------------------------------------------------------------------------
+
 
 def checkpoint_candidates(save_dir: PathLike, suffix: str = "") -> List[Path]:
     """Every checkpoint fairseq-train may have written in ``save_dir`` with ``suffix``."""
@@ -204,8 +220,9 @@ def checkpoint_candidates(save_dir: PathLike, suffix: str = "") -> List[Path]:
     return sorted(p for p in save_dir.iterdir() if pattern.fullmatch(p.name) and p.is_file())
 
 
-def newest_readable_checkpoint(save_dir: PathLike, suffix: str = "",
-                               prefer: Optional[PathLike] = None) -> Tuple[Optional[Path], List[str]]:
+def newest_readable_checkpoint(
+    save_dir: PathLike, suffix: str = "", prefer: Optional[PathLike] = None
+) -> Tuple[Optional[Path], List[str]]:
     """The readable checkpoint of ``save_dir`` with the most updates (``prefer``
     wins ties) and a list of the unreadable ones with their problems."""
     best, best_key, bad = None, None, []
@@ -224,6 +241,7 @@ def newest_readable_checkpoint(save_dir: PathLike, suffix: str = "",
 # ---------------------------------------------------------------------------
 # writing
 # ---------------------------------------------------------------------------
+
 
 def save_atomic(obj: Any, path: PathLike) -> Path:
     """``torch.save`` that leaves either the old file or the complete new one."""

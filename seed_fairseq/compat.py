@@ -152,9 +152,7 @@ def start_launcher_watchdog(interval: float = WATCHDOG_INTERVAL):
 def _install_cpu_distributed_launch():
     from fairseq.distributed import utils as distributed_utils
 
-    distributed_utils._infer_torch_distributed_launch_init = (
-        _cpu_safe_torch_distributed_launch_init
-    )
+    distributed_utils._infer_torch_distributed_launch_init = _cpu_safe_torch_distributed_launch_init
 
 
 class _AtomicPathManager:
@@ -214,8 +212,11 @@ def _resolve_restore_file(trainer, filename):
     suffix = trainer.checkpoint_suffix
     default = os.path.join(ckpt_cfg.save_dir, f"checkpoint_last{suffix}.pt")
     if os.path.abspath(filename) != os.path.abspath(default):
-        if ckpt_cfg.restore_file != "checkpoint_last.pt" and not os.path.isfile(filename) \
-                and "://" not in str(filename):
+        if (
+            ckpt_cfg.restore_file != "checkpoint_last.pt"
+            and not os.path.isfile(filename)
+            and "://" not in str(filename)
+        ):
             raise CheckpointError(filename, "--restore-file not found (fairseq would silently train from scratch)")
         return filename
     best, bad = newest_readable_checkpoint(ckpt_cfg.save_dir, suffix, prefer=default)

@@ -56,9 +56,7 @@ def drop_heads(state: dict) -> dict:
     if model_class is None:
         raise ValueError(f"expected a checkpoint of one of this plugin's pre-training models, got model/arch {name!r}")
     prefixes = model_class.pretraining_only_prefixes
-    model_cfg = {
-        k: v for k, v in model_cfg.items() if not k.startswith(model_class.pretraining_only_config_prefixes)
-    }
+    model_cfg = {k: v for k, v in model_cfg.items() if not k.startswith(model_class.pretraining_only_config_prefixes)}
     model_cfg["_name"] = "roberta"
     model_cfg["arch"] = "roberta"
     # argparse-era models keep a copy of every option in cfg.model
@@ -86,8 +84,12 @@ def drop_heads(state: dict) -> dict:
         "cfg": new_cfg,
         "model": weights,
         "optimizer_history": [
-            {"criterion_name": "MaskedLmLoss", "optimizer_name": "none",
-             "lr_scheduler_state": {"best": None}, "num_updates": num_updates}
+            {
+                "criterion_name": "MaskedLmLoss",
+                "optimizer_name": "none",
+                "lr_scheduler_state": {"best": None},
+                "num_updates": num_updates,
+            }
         ],
         # the dictionary identity the export and later restores check
         "task_state": dict(state.get("task_state") or {}),
@@ -120,9 +122,10 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
 
     OUT may be replaced only when it is an earlier output of this tool.
     """
-    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
     from fairseq import checkpoint_utils
     from fairseq.data import Dictionary
+
+    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
 
     out = Path(out)
     if out.is_dir():
@@ -137,8 +140,9 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
     data_dir = recorded_data_dir(state)  # --data when given (overridden above)
     dict_path = data_dir / "dict.txt" if data_dir is not None else None
     if dict_path is None or not dict_path.is_file():
-        raise CheckpointError(dict_path or checkpoint,
-                              "dictionary not found; pass --data with the folder the model was trained on")
+        raise CheckpointError(
+            dict_path or checkpoint, "dictionary not found; pass --data with the folder the model was trained on"
+        )
     dictionary = Dictionary.load(str(dict_path))
     dictionary.add_symbol("<mask>")
     check_dictionary(state, checkpoint, dict_path, len(dictionary))

@@ -132,8 +132,7 @@ def copy_atomic(src: PathLike, dst: PathLike) -> Path:
     return Path(dst)
 
 
-def check_output_dir(out: PathLike, record: str, tool: str,
-                     is_own: Optional[Callable[[Path], bool]] = None) -> bool:
+def check_output_dir(out: PathLike, record: str, tool: str, is_own: Optional[Callable[[Path], bool]] = None) -> bool:
     """May ``tool`` write the folder ``out``?  Returns True when it already holds
     an earlier output of the tool (identified by the file ``record`` in it, and
     ``is_own(record_path)`` when given), False when it is missing or empty.
@@ -151,8 +150,10 @@ def check_output_dir(out: PathLike, record: str, tool: str,
         return True
     if any(out.iterdir()):
         raise OutputError(
-            out, f"folder is not empty and was not written by {tool} (no {record} in it); "
-                 "refusing to write into it: choose a new or empty folder")
+            out,
+            f"folder is not empty and was not written by {tool} (no {record} in it); "
+            "refusing to write into it: choose a new or empty folder",
+        )
     return False
 
 

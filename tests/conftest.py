@@ -37,9 +37,18 @@ def build_task_model(data_dir, *extra, arch_args=TINY_MODEL_ARGS, tokens_per_sam
     args = options.parse_args_and_arch(
         parser,
         [
-            str(data_dir), "--user-dir", USER_DIR, "--task", "seed_pretrain",
-            "--criterion", "seed_pretrain", *arch_args,
-            "--tokens-per-sample", str(tokens_per_sample), "--cpu", *extra,
+            str(data_dir),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "seed_pretrain",
+            "--criterion",
+            "seed_pretrain",
+            *arch_args,
+            "--tokens-per-sample",
+            str(tokens_per_sample),
+            "--cpu",
+            *extra,
         ],
     )
     cfg = convert_namespace_to_omegaconf(args)

@@ -25,9 +25,7 @@ def run(cmd, **kwargs):
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env.update(kwargs.pop("env", {}))
     kwargs.setdefault("timeout", 900)  # a hung command fails its test instead of CI
-    proc = subprocess.run(
-        [str(c) for c in cmd], capture_output=True, text=True, env=env, **kwargs
-    )
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, **kwargs)
     return proc
 
 
@@ -58,9 +56,14 @@ def build_data_bin(text_file, out_dir, vocab_size=500, valid_docs=3, test_docs=2
         "train": docs[valid_docs + test_docs :],
     }
     spm.SentencePieceTrainer.train(
-        input=str(text_file), model_prefix=str(out / "spm"), vocab_size=vocab_size,
-        model_type="bpe", byte_fallback=True, character_coverage=1.0,
-        num_threads=2, minloglevel=2,
+        input=str(text_file),
+        model_prefix=str(out / "spm"),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        num_threads=2,
+        minloglevel=2,
     )
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     with open(out / "dict.txt", "w", encoding="utf-8") as f:
@@ -73,38 +76,97 @@ def build_data_bin(text_file, out_dir, vocab_size=500, valid_docs=3, test_docs=2
                     for sent in sentences(line):
                         f.write(" ".join(sp.encode(sent, out_type=str)) + "\n")
                 f.write("\n")
-    check([
-        cli("fairseq-preprocess"), "--only-source", "--srcdict", out / "dict.txt",
-        "--trainpref", raw / "train.txt", "--validpref", raw / "valid.txt",
-        "--testpref", raw / "test.txt", "--destdir", out, "--workers", "1",
-        "--dataset-impl", "mmap",
-    ])
+    check(
+        [
+            cli("fairseq-preprocess"),
+            "--only-source",
+            "--srcdict",
+            out / "dict.txt",
+            "--trainpref",
+            raw / "train.txt",
+            "--validpref",
+            raw / "valid.txt",
+            "--testpref",
+            raw / "test.txt",
+            "--destdir",
+            out,
+            "--workers",
+            "1",
+            "--dataset-impl",
+            "mmap",
+        ]
+    )
     return out
 
 
 TINY_MODEL_ARGS = [
-    "--arch", "seed_encoder_tiny",
-    "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37",
-    "--encoder-attention-heads", "2", "--decoder-layers", "2",
+    "--arch",
+    "seed_encoder_tiny",
+    "--encoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "37",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-layers",
+    "2",
 ]
 
 
 ADAM = [
-    "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6",
-    "--lr", "1e-3", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "5",
-    "--total-num-update", "200", "--clip-norm", "1.0", "--weight-decay", "0.01",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9,0.999)",
+    "--adam-eps",
+    "1e-6",
+    "--lr",
+    "1e-3",
+    "--lr-scheduler",
+    "polynomial_decay",
+    "--warmup-updates",
+    "5",
+    "--total-num-update",
+    "200",
+    "--clip-norm",
+    "1.0",
+    "--weight-decay",
+    "0.01",
 ]
 
 
 def train_cmd(data, save_dir, *extra, max_update=20, tokens_per_sample=64, batch_size=8, optim=ADAM):
     return [
-        cli("fairseq-train"), data, "--user-dir", USER_DIR,
-        "--task", "seed_pretrain", "--criterion", "seed_pretrain",
+        cli("fairseq-train"),
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "seed_pretrain",
+        "--criterion",
+        "seed_pretrain",
         *TINY_MODEL_ARGS,
-        "--tokens-per-sample", str(tokens_per_sample), "--batch-size", str(batch_size),
+        "--tokens-per-sample",
+        str(tokens_per_sample),
+        "--batch-size",
+        str(batch_size),
         *optim,
-        "--max-update", str(max_update), "--log-format", "json", "--log-interval", "1",
-        "--save-dir", save_dir, "--cpu", "--seed", "3", "--num-workers", "0",
-        "--no-epoch-checkpoints", "--disable-validation",
+        "--max-update",
+        str(max_update),
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--save-dir",
+        save_dir,
+        "--cpu",
+        "--seed",
+        "3",
+        "--num-workers",
+        "0",
+        "--no-epoch-checkpoints",
+        "--disable-validation",
         *extra,
     ]

@@ -8,8 +8,16 @@ from dataclasses import dataclass, field
 from typing import List, Tuple
 
 # deliberately odd sizes: hidden 32, FFN 37, 2 heads
-TINY_ENCODER = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37",
-                "--encoder-attention-heads", "2"]
+TINY_ENCODER = [
+    "--encoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "37",
+    "--encoder-attention-heads",
+    "2",
+]
 
 
 @dataclass
@@ -27,16 +35,39 @@ class Objective:
     heads: Tuple[str, ...] = ()
 
     def args(self) -> List[str]:
-        return ["--task", self.task, "--criterion", self.criterion, "--arch", self.arch,
-                *TINY_ENCODER, *self.model_args]
+        return [
+            "--task",
+            self.task,
+            "--criterion",
+            self.criterion,
+            "--arch",
+            self.arch,
+            *TINY_ENCODER,
+            *self.model_args,
+        ]
 
 
 OBJECTIVES = [
-    Objective("seed", "seed_pretrain", "seed_pretrain", "seed_encoder_tiny", ["--decoder-layers", "2"],
-              bottleneck_terms=("dec",), terms=("mlm", "dec"), heads=("weak_decoder.",)),
-    Objective("seed_full", "seed_pretrain", "seed_pretrain", "seed_encoder_tiny",
-              ["--decoder-layers", "1", "--decoder-attention-window", "full"],
-              bottleneck_terms=("dec",), terms=("mlm", "dec"), heads=("weak_decoder.",)),
+    Objective(
+        "seed",
+        "seed_pretrain",
+        "seed_pretrain",
+        "seed_encoder_tiny",
+        ["--decoder-layers", "2"],
+        bottleneck_terms=("dec",),
+        terms=("mlm", "dec"),
+        heads=("weak_decoder.",),
+    ),
+    Objective(
+        "seed_full",
+        "seed_pretrain",
+        "seed_pretrain",
+        "seed_encoder_tiny",
+        ["--decoder-layers", "1", "--decoder-attention-window", "full"],
+        bottleneck_terms=("dec",),
+        terms=("mlm", "dec"),
+        heads=("weak_decoder.",),
+    ),
     Objective("mlm_only", "seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
 ]
 

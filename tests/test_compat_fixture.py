@@ -15,15 +15,63 @@ DATA = FIXTURE / "data-bin"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 
 TRAIN_ARGS = [
-    "--task", "seed_pretrain", "--criterion", "seed_pretrain",
-    "--arch", "seed_encoder_tiny", "--encoder-layers", "2", "--encoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "37", "--encoder-attention-heads", "2", "--decoder-layers", "1",
-    "--tokens-per-sample", "64", "--sample-break-mode", "none", "--batch-size", "4", "--update-freq", "2",
-    "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6", "--lr", "1e-3",
-    "--lr-scheduler", "polynomial_decay", "--warmup-updates", "2", "--total-num-update", "20",
-    "--clip-norm", "1.0", "--weight-decay", "0.01", "--max-update", "5", "--log-format", "json",
-    "--log-interval", "1", "--cpu", "--seed", "3", "--num-workers", "0", "--no-epoch-checkpoints",
-    "--disable-validation", "--save-interval-updates", "3",
+    "--task",
+    "seed_pretrain",
+    "--criterion",
+    "seed_pretrain",
+    "--arch",
+    "seed_encoder_tiny",
+    "--encoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "37",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-layers",
+    "1",
+    "--tokens-per-sample",
+    "64",
+    "--sample-break-mode",
+    "none",
+    "--batch-size",
+    "4",
+    "--update-freq",
+    "2",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9,0.999)",
+    "--adam-eps",
+    "1e-6",
+    "--lr",
+    "1e-3",
+    "--lr-scheduler",
+    "polynomial_decay",
+    "--warmup-updates",
+    "2",
+    "--total-num-update",
+    "20",
+    "--clip-norm",
+    "1.0",
+    "--weight-decay",
+    "0.01",
+    "--max-update",
+    "5",
+    "--log-format",
+    "json",
+    "--log-interval",
+    "1",
+    "--cpu",
+    "--seed",
+    "3",
+    "--num-workers",
+    "0",
+    "--no-epoch-checkpoints",
+    "--disable-validation",
+    "--save-interval-updates",
+    "3",
 ]
 
 
@@ -32,8 +80,9 @@ def _tokens():
 
 
 def test_old_checkpoint_loads_with_the_same_outputs():
-    import seed_fairseq  # noqa: F401
     from fairseq import checkpoint_utils
+
+    import seed_fairseq  # noqa: F401
 
     (model,), _ = checkpoint_utils.load_model_ensemble([str(CKPT)], arg_overrides={"data": str(DATA)})
     model.eval()
@@ -51,8 +100,9 @@ def test_old_checkpoint_resumes_with_the_same_next_losses(tmp_path):
     proc = check([cli("fairseq-train"), DATA, "--user-dir", USER_DIR, *TRAIN_ARGS, "--save-dir", tmp_path])
     log = proc.stderr + proc.stdout
     assert "@ 3 updates" in log
-    records = [json.loads(line.split("| train_inner | ", 1)[1]) for line in log.splitlines()
-               if "| train_inner | " in line]
+    records = [
+        json.loads(line.split("| train_inner | ", 1)[1]) for line in log.splitlines() if "| train_inner | " in line
+    ]
     got = [{k: r[k] for k in EXPECTED["next_updates"][0]} for r in records]
     assert got == EXPECTED["next_updates"]
 
@@ -61,8 +111,19 @@ def test_old_checkpoint_resumes_with_the_same_next_losses(tmp_path):
 def test_old_checkpoint_exports_to_the_same_features(tmp_path):
     from transformers import AutoModel
 
-    check([sys.executable, str(REPO / "examples" / "export_to_hf.py"), "--checkpoint", CKPT, "--data", DATA,
-           "--out", tmp_path / "hf"], env={"HF_HUB_OFFLINE": "1"})
+    check(
+        [
+            sys.executable,
+            str(REPO / "examples" / "export_to_hf.py"),
+            "--checkpoint",
+            CKPT,
+            "--data",
+            DATA,
+            "--out",
+            tmp_path / "hf",
+        ],
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     check([cli("seed-drop-decoder"), CKPT, tmp_path / "encoder.pt", "--data", DATA])
     hf = AutoModel.from_pretrained(tmp_path / "hf").eval()
     tokens = _tokens()

@@ -26,13 +26,40 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 SGD_ONE_STEP = [
     # plain SGD with lr 1: the parameter change IS the gradient
-    "--optimizer", "sgd", "--lr", "1.0", "--lr-scheduler", "fixed", "--clip-norm", "0",
-    "--dropout", "0", "--attention-dropout", "0", "--weight-decay", "0",
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "1.0",
+    "--lr-scheduler",
+    "fixed",
+    "--clip-norm",
+    "0",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--weight-decay",
+    "0",
 ]
 ADAM = [
-    "--optimizer", "adam", "--adam-betas", "(0.9,0.999)", "--adam-eps", "1e-6", "--lr", "1e-3",
-    "--lr-scheduler", "polynomial_decay", "--warmup-updates", "2", "--total-num-update", "50",
-    "--clip-norm", "1.0", "--weight-decay", "0.01",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9,0.999)",
+    "--adam-eps",
+    "1e-6",
+    "--lr",
+    "1e-3",
+    "--lr-scheduler",
+    "polynomial_decay",
+    "--warmup-updates",
+    "2",
+    "--total-num-update",
+    "50",
+    "--clip-norm",
+    "1.0",
+    "--weight-decay",
+    "0.01",
 ]
 
 
@@ -40,25 +67,68 @@ ADAM = [
 def contract_data(tmp_path_factory):
     """The demo corpus through the project's own preprocessing (odd vocabulary size)."""
     out = tmp_path_factory.mktemp("contract") / "data-bin"
-    check([sys.executable, "-m", "preprocess.build", "--text", REPO / "examples" / "data" / "demo_corpus.txt",
-           "--out", out, "--vocab-size", "397", "--workers", "1", "--valid-docs", "4", "--test-docs", "2"],
-          cwd=REPO)
+    check(
+        [
+            sys.executable,
+            "-m",
+            "preprocess.build",
+            "--text",
+            REPO / "examples" / "data" / "demo_corpus.txt",
+            "--out",
+            out,
+            "--vocab-size",
+            "397",
+            "--workers",
+            "1",
+            "--valid-docs",
+            "4",
+            "--test-docs",
+            "2",
+        ],
+        cwd=REPO,
+    )
     return out
 
 
 def train_cmd(obj, data, save_dir, *extra, max_update, batch_size=4, optim=ADAM):
     return [
-        cli("fairseq-train"), data, "--user-dir", USER_DIR, *obj.args(),
-        "--tokens-per-sample", "48", "--sample-break-mode", "none", "--batch-size", str(batch_size),
-        *optim, "--max-update", str(max_update), "--log-format", "json", "--log-interval", "1",
-        "--save-dir", save_dir, "--cpu", "--seed", "3", "--num-workers", "0", "--no-epoch-checkpoints",
-        "--disable-validation", *extra,
+        cli("fairseq-train"),
+        data,
+        "--user-dir",
+        USER_DIR,
+        *obj.args(),
+        "--tokens-per-sample",
+        "48",
+        "--sample-break-mode",
+        "none",
+        "--batch-size",
+        str(batch_size),
+        *optim,
+        "--max-update",
+        str(max_update),
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--save-dir",
+        save_dir,
+        "--cpu",
+        "--seed",
+        "3",
+        "--num-workers",
+        "0",
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        *extra,
     ]
 
 
 def records(proc):
-    return [json.loads(line.split("| train_inner | ", 1)[1]) for line in (proc.stderr + proc.stdout).splitlines()
-            if "| train_inner | " in line]
+    return [
+        json.loads(line.split("| train_inner | ", 1)[1])
+        for line in (proc.stderr + proc.stdout).splitlines()
+        if "| train_inner | " in line
+    ]
 
 
 def build(obj, data, *extra):
@@ -67,9 +137,21 @@ def build(obj, data, *extra):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", USER_DIR, *obj.args(), "--tokens-per-sample", "48",
-        "--sample-break-mode", "none", "--cpu", *extra])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            *obj.args(),
+            "--tokens-per-sample",
+            "48",
+            "--sample-break-mode",
+            "none",
+            "--cpu",
+            *extra,
+        ],
+    )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
@@ -102,15 +184,16 @@ def _terms(criterion, model, sample):
 def test_decoder_side_sees_the_encoder_only_through_cls(obj, contract_data):
     task, model, criterion = build(obj, contract_data)
     task.load_dataset("valid")
-    sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1)
-                  .next_epoch_itr(shuffle=False))
+    sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False))
     model.eval()
     base = _terms(criterion, model, sample)
     assert set(base) == set(obj.terms)
     # what the code declares is what this entry expects (an MLM-only model has no decoder term)
     assert tuple(t for t in criterion.bottleneck_terms if t in base) == obj.bottleneck_terms
-    assert tuple(p for p in type(model).pretraining_only_prefixes
-                 if any(k.startswith(p) for k in model.state_dict())) == obj.heads
+    assert (
+        tuple(p for p in type(model).pretraining_only_prefixes if any(k.startswith(p) for k in model.state_dict()))
+        == obj.heads
+    )
 
     handle = _perturb_encoder_output(model, slice(1, None))
     others = _terms(criterion, model, sample)
@@ -154,10 +237,27 @@ def test_update_does_not_depend_on_the_split(obj, contract_data, tmp_path):
     eight blocks; one SGD step must move the weights identically."""
     one, w_one = _one_update(obj, contract_data, tmp_path / "one", "--batch-size", "8")
     freq, w_freq = _one_update(obj, contract_data, tmp_path / "freq", "--batch-size", "4", "--update-freq", "2")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(_free_port())]
-    two, w_two = _one_update(obj, contract_data, tmp_path / "two", "--batch-size", "4",
-                             "--distributed-world-size", "2", "--ddp-backend", "legacy_ddp", launcher=launcher)
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+    ]
+    two, w_two = _one_update(
+        obj,
+        contract_data,
+        tmp_path / "two",
+        "--batch-size",
+        "4",
+        "--distributed-world-size",
+        "2",
+        "--ddp-backend",
+        "legacy_ddp",
+        launcher=launcher,
+    )
     assert float(one["gnorm"]) > 0
     keys = ["loss", "gnorm", "nsentences"] + [f"{t}_{k}" for t in obj.terms for k in ("loss", "ntokens")]
     for other in (freq, two):
@@ -181,8 +281,9 @@ def straight_run(contract_data, tmp_path_factory, request):
     obj = request.param
     if obj.name not in _RUNS:
         save = tmp_path_factory.mktemp(f"straight_{obj.name}")
-        proc = check(train_cmd(obj, contract_data, save, "--update-freq", "2", "--save-interval-updates", "2",
-                               max_update=4))
+        proc = check(
+            train_cmd(obj, contract_data, save, "--update-freq", "2", "--save-interval-updates", "2", max_update=4)
+        )
         _RUNS[obj.name] = (save, {int(r["num_updates"]): r for r in records(proc)})
     return (obj, *_RUNS[obj.name])
 
@@ -192,8 +293,9 @@ def straight_run(contract_data, tmp_path_factory, request):
 def test_resume_logs_the_same_next_losses(straight_run, contract_data, tmp_path):
     obj, save, straight = straight_run
     shutil.copy(save / "checkpoint_1_2.pt", tmp_path / "checkpoint_last.pt")
-    proc = check(train_cmd(obj, contract_data, tmp_path, "--update-freq", "2", "--save-interval-updates", "2",
-                           max_update=4))
+    proc = check(
+        train_cmd(obj, contract_data, tmp_path, "--update-freq", "2", "--save-interval-updates", "2", max_update=4)
+    )
     resumed = records(proc)
     assert [int(r["num_updates"]) for r in resumed] == [3, 4]
     keys = ["loss", "gnorm", "lr"] + [f"{t}_{k}" for t in obj.terms for k in ("loss", "ntokens")]
@@ -227,8 +329,9 @@ def _probe_tokens(n_symbols):
 
 
 def _plugin_features(ckpt, data, tokens):
-    import seed_fairseq  # noqa: F401
     from fairseq import checkpoint_utils
+
+    import seed_fairseq  # noqa: F401
 
     (model,), _ = checkpoint_utils.load_model_ensemble([str(ckpt)], arg_overrides={"data": str(data)})
     model.eval()
@@ -249,8 +352,17 @@ def test_drop_heads_gives_a_stock_roberta(straight_run, contract_data, tmp_path)
     _, n_symbols = _plugin_features(ckpt, contract_data, torch.zeros(1, 2, dtype=torch.long))
     tokens = _probe_tokens(n_symbols)
     torch.save(tokens, tmp_path / "tokens.pt")
-    check([sys.executable, "-c", STOCK_FAIRSEQ_FEATURES, tmp_path, contract_data, tmp_path / "tokens.pt",
-           tmp_path / "stock.pt"])
+    check(
+        [
+            sys.executable,
+            "-c",
+            STOCK_FAIRSEQ_FEATURES,
+            tmp_path,
+            contract_data,
+            tmp_path / "tokens.pt",
+            tmp_path / "stock.pt",
+        ]
+    )
     ours, _ = _plugin_features(ckpt, contract_data, tokens)
     torch.testing.assert_close(torch.load(tmp_path / "stock.pt"), ours, rtol=0, atol=1e-6)
 
@@ -262,8 +374,19 @@ def test_export_equals_fairseq(straight_run, contract_data, tmp_path):
 
     obj, save, _ = straight_run
     ckpt = save / "checkpoint_last.pt"
-    check([sys.executable, REPO / "examples" / "export_to_hf.py", "--checkpoint", ckpt, "--data", contract_data,
-           "--out", tmp_path / "hf"], env=OFFLINE)
+    check(
+        [
+            sys.executable,
+            REPO / "examples" / "export_to_hf.py",
+            "--checkpoint",
+            ckpt,
+            "--data",
+            contract_data,
+            "--out",
+            tmp_path / "hf",
+        ],
+        env=OFFLINE,
+    )
     ours, n_symbols = _plugin_features(ckpt, contract_data, torch.zeros(1, 2, dtype=torch.long))
     tokens = _probe_tokens(n_symbols)
     ours, _ = _plugin_features(ckpt, contract_data, tokens)

@@ -117,9 +117,22 @@ def test_empty_split_is_a_clear_error(demo_data_bin, tmp_path):
     data.mkdir()
     shutil.copy(demo_data_bin / "dict.txt", data / "dict.txt")
     (tmp_path / "empty.txt").write_text("")
-    check([cli("fairseq-preprocess"), "--only-source", "--srcdict", data / "dict.txt",
-           "--trainpref", demo_data_bin / "raw" / "valid.txt", "--validpref", tmp_path / "empty.txt",
-           "--destdir", data, "--workers", "1"])
+    check(
+        [
+            cli("fairseq-preprocess"),
+            "--only-source",
+            "--srcdict",
+            data / "dict.txt",
+            "--trainpref",
+            demo_data_bin / "raw" / "valid.txt",
+            "--validpref",
+            tmp_path / "empty.txt",
+            "--destdir",
+            data,
+            "--workers",
+            "1",
+        ]
+    )
     proc = run(train_cmd(data, tmp_path / "ckpt", max_update=1)[:-1])  # with validation
     assert proc.returncode != 0
     assert f"{data}/valid: the 'valid' split is empty" in proc.stderr

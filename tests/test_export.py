@@ -14,9 +14,26 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def preprocess(out, vocab):
-    check([sys.executable, "-m", "preprocess.build", "--text", DEMO_CORPUS, "--out", out,
-           "--vocab-size", str(vocab), "--workers", "2", "--valid-docs", "4", "--test-docs", "4"],
-          cwd=REPO)
+    check(
+        [
+            sys.executable,
+            "-m",
+            "preprocess.build",
+            "--text",
+            DEMO_CORPUS,
+            "--out",
+            out,
+            "--vocab-size",
+            str(vocab),
+            "--workers",
+            "2",
+            "--valid-docs",
+            "4",
+            "--test-docs",
+            "4",
+        ],
+        cwd=REPO,
+    )
     return out
 
 
@@ -26,8 +43,7 @@ def data(tmp_path_factory):
 
 
 def pretrain(data, save_dir, *extra):
-    check(train_cmd(data, save_dir, *extra, "--required-batch-size-multiple", "1",
-                    max_update=6, tokens_per_sample=96))
+    check(train_cmd(data, save_dir, *extra, "--required-batch-size-multiple", "1", max_update=6, tokens_per_sample=96))
     return save_dir / "checkpoint_last.pt"
 
 
@@ -37,8 +53,7 @@ def checkpoint(data, tmp_path_factory):
 
 
 def export(ckpt, data, out, *extra):
-    return run([sys.executable, EXPORT, "--checkpoint", ckpt, "--data", data, "--out", out, *extra],
-               env=OFFLINE)
+    return run([sys.executable, EXPORT, "--checkpoint", ckpt, "--data", data, "--out", out, *extra], env=OFFLINE)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +71,9 @@ from transformers.utils import logging as hf_logging
 from sentence_transformers import SentenceTransformer
 hf_logging.set_verbosity_warning()
 warnings.simplefilter("always")
-AutoModel.from_pretrained(sys.argv[1]); AutoTokenizer.from_pretrained(sys.argv[1]); SentenceTransformer(sys.argv[1], device="cpu")
+AutoModel.from_pretrained(sys.argv[1])
+AutoTokenizer.from_pretrained(sys.argv[1])
+SentenceTransformer(sys.argv[1], device="cpu")
 print("loaded")
 """
 
@@ -70,8 +87,9 @@ REAL_TEXT = [
 
 
 def fairseq_model(ckpt, data):
-    import seed_fairseq  # noqa: F401
     from fairseq import checkpoint_utils
+
+    import seed_fairseq  # noqa: F401
 
     (model,), _ = checkpoint_utils.load_model_ensemble([str(ckpt)], arg_overrides={"data": str(data)})
     return model.eval()
@@ -101,7 +119,8 @@ def test_export_loads_offline_without_weight_warnings(exported):
     pooling = json.loads((exported / "1_Pooling" / "config.json").read_text())
     # sentence-transformers >= 5 writes "pooling_mode"; older versions one flag per mode
     assert pooling.get("pooling_mode") == "cls" or (
-        pooling.get("pooling_mode_cls_token") and not pooling.get("pooling_mode_mean_tokens"))
+        pooling.get("pooling_mode_cls_token") and not pooling.get("pooling_mode_mean_tokens")
+    )
     assert not any("Normalize" in m["type"] for m in json.loads((exported / "modules.json").read_text()))
 
 
@@ -181,10 +200,28 @@ def test_same_size_foreign_vocabulary_is_refused(checkpoint, data, tmp_path):
     """Same number of pieces, other pieces: the ids would not match the embeddings."""
     docs = DEMO_CORPUS.read_text(encoding="utf-8").split("\n\n")
     text = tmp_path / "half.txt"
-    text.write_text("\n\n".join(docs[len(docs) // 2:]), encoding="utf-8")
+    text.write_text("\n\n".join(docs[len(docs) // 2 :]), encoding="utf-8")
     other = tmp_path / "other"
-    check([sys.executable, "-m", "preprocess.build", "--text", text, "--out", other, "--vocab-size", "1000",
-           "--workers", "1", "--valid-docs", "2", "--test-docs", "2"], cwd=REPO)
+    check(
+        [
+            sys.executable,
+            "-m",
+            "preprocess.build",
+            "--text",
+            text,
+            "--out",
+            other,
+            "--vocab-size",
+            "1000",
+            "--workers",
+            "1",
+            "--valid-docs",
+            "2",
+            "--test-docs",
+            "2",
+        ],
+        cwd=REPO,
+    )
     assert len((other / "dict.txt").read_text().splitlines()) == len((data / "dict.txt").read_text().splitlines())
     proc = export(checkpoint, other, tmp_path / "out")
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -197,9 +234,14 @@ def test_export_respects_the_umask(checkpoint, data, tmp_path):
     import subprocess
 
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, EXPORT, "--checkpoint", str(checkpoint), "--data", str(data),
-                           "--out", str(out)], capture_output=True, text=True, env=dict(os.environ, **OFFLINE),
-                          preexec_fn=lambda: os.umask(0o007), timeout=900)
+    proc = subprocess.run(
+        [sys.executable, EXPORT, "--checkpoint", str(checkpoint), "--data", str(data), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **OFFLINE),
+        preexec_fn=lambda: os.umask(0o007),
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     modes = {p.relative_to(out).as_posix(): os.stat(p).st_mode & 0o777 for p in [out, *out.rglob("*")]}
     assert modes["."] == 0o770 and modes["model.safetensors"] == 0o660, modes

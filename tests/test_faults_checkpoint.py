@@ -20,8 +20,9 @@ SAVE_EVERY = ["--save-interval-updates", "4", "--tokens-per-sample", "64"]
 def _records(text):
     import json
 
-    return [json.loads(line.split("| train_inner | ", 1)[1]) for line in text.splitlines()
-            if "| train_inner | " in line]
+    return [
+        json.loads(line.split("| train_inner | ", 1)[1]) for line in text.splitlines() if "| train_inner | " in line
+    ]
 
 
 def _last_line(text):
@@ -34,7 +35,7 @@ def two_vocabularies(tmp_path_factory):
     root = tmp_path_factory.mktemp("vocab")
     docs = DEMO_CORPUS.read_text(encoding="utf-8").split("\n\n")
     halves = []
-    for name, part in (("a", docs[: len(docs) // 2]), ("b", docs[len(docs) // 2:])):
+    for name, part in (("a", docs[: len(docs) // 2]), ("b", docs[len(docs) // 2 :])):
         text = root / f"{name}.txt"
         text.write_text("\n\n".join(part), encoding="utf-8")
         halves.append(build_data_bin(text, root / name, vocab_size=400))
@@ -78,8 +79,18 @@ def test_checkpoint_of_the_old_format_is_checked_through_its_data_folder(two_voc
     state["task_state"] = {}
     old = tmp_path / "old.pt"
     torch.save(state, old)
-    proc = run(train_cmd(b, tmp_path / "x", "--restore-file", old, "--reset-dataloader", "--reset-optimizer",
-                         max_update=6, batch_size=4))
+    proc = run(
+        train_cmd(
+            b,
+            tmp_path / "x",
+            "--restore-file",
+            old,
+            "--reset-dataloader",
+            "--reset-optimizer",
+            max_update=6,
+            batch_size=4,
+        )
+    )
     assert proc.returncode != 0 and "trained with a different dictionary" in _last_line(proc.stderr)
 
 
@@ -98,8 +109,17 @@ def test_size_mismatch_last_line_is_the_true_cause(trained_on_a, tmp_path):
     data = tmp_path / "other"
     data.mkdir()
     (data / "dict.txt").write_text("".join(f"x{i} 1\n" for i in range(50)))
-    proc = run(train_cmd(data, tmp_path / "ckpt", "--restore-file", trained_on_a, "--reset-optimizer",
-                         "--reset-dataloader", max_update=1))
+    proc = run(
+        train_cmd(
+            data,
+            tmp_path / "ckpt",
+            "--restore-file",
+            trained_on_a,
+            "--reset-optimizer",
+            "--reset-dataloader",
+            max_update=1,
+        )
+    )
     assert proc.returncode != 0
     last = _last_line(proc.stderr)
     assert "dictionary size mismatch" in last and "architectures match" not in proc.stderr, last
@@ -188,8 +208,9 @@ def test_failed_copy_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
     """In-process: the atomic copy fails half-way; the target keeps its old bytes."""
     import shutil
 
-    import seed_fairseq  # noqa: F401  (installs the atomic PathManager)
     from fairseq import checkpoint_utils
+
+    import seed_fairseq  # noqa: F401  (installs the atomic PathManager)
 
     src, dst = tmp_path / "new.pt", tmp_path / "checkpoint_last.pt"
     src.write_bytes(b"n" * 100_000)
@@ -218,14 +239,24 @@ def _with_umask(mask):
 def test_outputs_respect_the_umask(trained_on_a, two_vocabularies, tmp_path):
     a, _ = two_vocabularies
     out = tmp_path / "enc.pt"
-    proc = subprocess.run([cli("seed-drop-decoder"), str(trained_on_a), str(out), "--data", str(a)],
-                          capture_output=True, text=True, preexec_fn=_with_umask(0o007), timeout=600)
+    proc = subprocess.run(
+        [cli("seed-drop-decoder"), str(trained_on_a), str(out), "--data", str(a)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_with_umask(0o007),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert oct(os.stat(out).st_mode & 0o777) == oct(0o660)
     # fairseq-train's checkpoints too
     save = tmp_path / "ckpt"
-    proc = subprocess.run([str(c) for c in train_cmd(a, save, max_update=1, batch_size=4)],
-                          capture_output=True, text=True, preexec_fn=_with_umask(0o027), timeout=600)
+    proc = subprocess.run(
+        [str(c) for c in train_cmd(a, save, max_update=1, batch_size=4)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_with_umask(0o027),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert oct(os.stat(save / "checkpoint_last.pt").st_mode & 0o777) == oct(0o640)
 
@@ -236,8 +267,10 @@ def test_drop_decoder_replaces_only_its_own_output(trained_on_a, two_vocabularie
     mine.write_text("the user's file")
     proc = run([cli("seed-drop-decoder"), trained_on_a, mine, "--data", a])
     assert proc.returncode == 2
-    assert _last_line(proc.stderr) == f"error: {mine}: exists and was not written by seed-drop-heads; " \
-                                      "refusing to replace it"
+    assert (
+        _last_line(proc.stderr) == f"error: {mine}: exists and was not written by seed-drop-heads; "
+        "refusing to replace it"
+    )
     assert mine.read_text() == "the user's file"
     out = tmp_path / "enc.pt"
     check([cli("seed-drop-decoder"), trained_on_a, out, "--data", a])
@@ -280,9 +313,21 @@ def test_workers_stop_when_torchrun_is_killed(two_vocabularies, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           cli("fairseq-train"), *train_cmd(a, tmp_path, max_update=100000, batch_size=2)[1:],
-           "--distributed-world-size", "2", "--ddp-backend", "legacy_ddp"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        cli("fairseq-train"),
+        *train_cmd(a, tmp_path, max_update=100000, batch_size=2)[1:],
+        "--distributed-world-size",
+        "2",
+        "--ddp-backend",
+        "legacy_ddp",
+    ]
     log = open(tmp_path / "log.txt", "w")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     launcher = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -315,9 +360,20 @@ def test_log_interval_without_masked_tokens_does_not_crash():
 
     from seed_fairseq.criterions.seed_pretrain import SeedPretrainCriterion
 
-    log = {"loss": 1.0, "mlm_loss_sum": 0.0, "dec_loss_sum": 5.0, "mlm_ntokens": 0, "dec_ntokens": 7,
-           "mlm_correct": 0, "dec_correct": 1, "ntokens": 8, "nsentences": 1, "mlm_weight": 0.5, "dec_weight": 0.5,
-           "nlogs": 1}
+    log = {
+        "loss": 1.0,
+        "mlm_loss_sum": 0.0,
+        "dec_loss_sum": 5.0,
+        "mlm_ntokens": 0,
+        "dec_ntokens": 7,
+        "mlm_correct": 0,
+        "dec_correct": 1,
+        "ntokens": 8,
+        "nsentences": 1,
+        "mlm_weight": 0.5,
+        "dec_weight": 0.5,
+        "nlogs": 1,
+    }
     name = "test_interval_without_masked_tokens"
     with metrics.aggregate(name):
         SeedPretrainCriterion.reduce_metrics([dict(log, mlm_loss_sum=3.0, mlm_ntokens=2)])

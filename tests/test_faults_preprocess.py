@@ -14,6 +14,7 @@
 
 The CLI runs in-process (``preprocess.build.main``), on tiny inputs.
 """
+
 import bz2
 import fcntl
 import json
@@ -24,9 +25,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_preprocess import BOOKS, REPO, WIKI_SAMPLE, files_of, make_text_corpus
 
 from preprocess import build as build_mod
-from test_preprocess import BOOKS, REPO, WIKI_SAMPLE, files_of, make_text_corpus
 
 SMALL = ["--vocab-size", 300, "--workers", 1, "--valid-docs", 2, "--test-docs", 2]
 TINY = ["--vocab-size", 300, "--workers", 1]  # held-out sizes left to the tool
@@ -162,8 +163,9 @@ def test_force_deletes_only_the_files_the_record_lists(tmp_path, text_file, caps
     (out / "shard0" / "mine.txt").write_text("mine")
     (out / "shard9").mkdir()
     (out / "shard9" / "train.bin").write_bytes(b"an unrelated shard of the user's")
-    user = {k: v for k, v in snapshot(out).items() if k in ("notes.txt", "shard0/mine.txt", "shard9",
-                                                              "shard9/train.bin")}
+    user = {
+        k: v for k, v in snapshot(out).items() if k in ("notes.txt", "shard0/mine.txt", "shard9", "shard9/train.bin")
+    }
     code, err = build(capsys, "--text", text_file, "--out", out, *SMALL, "--shards", 2, "--seed", 2, "--force")
     assert code == 0, err
     after = snapshot(out)
@@ -175,28 +177,38 @@ def test_force_deletes_only_the_files_the_record_lists(tmp_path, text_file, caps
     assert not (out / "shard1").exists() and not (out / "shard0" / "train.bin").exists()
     assert sorted(p.name for p in (out / "shard0").iterdir()) == ["mine.txt"]
     assert (out / "shard9" / "train.bin").read_bytes() == b"an unrelated shard of the user's"
-    assert set(files_of(out)) == set(record_of(out)["outputs"]) | {"notes.txt", "shard0/mine.txt",
-                                                                  "shard9/train.bin"}
+    assert set(files_of(out)) == set(record_of(out)["outputs"]) | {"notes.txt", "shard0/mine.txt", "shard9/train.bin"}
 
 
 def legacy_record(out, text_file, **options):
     """Turn OUT's record into one the code before fingerprints wrote: no
     ``outputs`` list, inputs identified by path + size + mtime in ``config``."""
     record = record_of(out)
-    for key in ("outputs", "fingerprint", "stage_fingerprints", "input_files", "work_kept",
-                "held_out", "tool"):
+    for key in ("outputs", "fingerprint", "stage_fingerprints", "input_files", "work_kept", "held_out", "tool"):
         del record[key]
     del record["fairseq_dictionary"]["sha256"]
     for source in record["sources"]:
         del source["sha256"]
     st = Path(text_file).stat()
-    config = {"lowercase": True, "nfkc": True, "vocab_size": 300, "byte_fallback": True,
-              "character_coverage": 0.9995, "spm_sample_sentences": 1_000_000, "valid_docs": 2,
-              "test_docs": 2, "shards": 1, "seed": 1, "skip_bad": False, "line_unit": "sentence",
-              "max_line_pieces": 510}
+    config = {
+        "lowercase": True,
+        "nfkc": True,
+        "vocab_size": 300,
+        "byte_fallback": True,
+        "character_coverage": 0.9995,
+        "spm_sample_sentences": 1_000_000,
+        "valid_docs": 2,
+        "test_docs": 2,
+        "shards": 1,
+        "seed": 1,
+        "skip_bad": False,
+        "line_unit": "sentence",
+        "max_line_pieces": 510,
+    }
     config.update(options)
-    config["sources"] = [{"kind": "text", "path": str(Path(text_file).resolve()),
-                          "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}]
+    config["sources"] = [
+        {"kind": "text", "path": str(Path(text_file).resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    ]
     record["config"] = config
     (out / "preprocess.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
@@ -252,8 +264,9 @@ def test_unfinished_build_of_the_previous_code_resumes(tmp_path, text_file, caps
         started.unlink()
     for done in work.glob("*.done"):
         done.write_text(json.dumps(json.loads(done.read_text())["result"]))
-    (work / "config.json").write_text(json.dumps({"sources": [], "vocab_size": 300, "shards": 1,
-                                                   "valid_docs": 2, "test_docs": 2}))
+    (work / "config.json").write_text(
+        json.dumps({"sources": [], "vocab_size": 300, "shards": 1, "valid_docs": 2, "test_docs": 2})
+    )
     (out / "train.bin").write_bytes(b"moved here by the old code's interrupted finalize")
     log.clear()
     code, err = build(capsys, "--text", text_file, "--out", out, *SMALL)
@@ -440,14 +453,24 @@ def test_skip_bad_advice_works_on_the_same_out(tmp_path, text_file, capsys):
     assert record_of(out)["sources"][0]["stats"]["bad_lines_skipped"] == 1
 
 
-@pytest.mark.parametrize("failing,fixed,first_redone", [
-    (["--vocab-size", 50000, "--valid-docs", 2, "--test-docs", 2],
-     ["--vocab-size", 300, "--valid-docs", 2, "--test-docs", 2], "vocab"),
-    (["--vocab-size", 300, "--valid-docs", 30, "--test-docs", 10],
-     ["--vocab-size", 300, "--valid-docs", 3, "--test-docs", 3], "split"),
-])
-def test_late_failure_then_other_option_reuses_the_extraction(tmp_path, text_file, capsys, log,
-                                                              failing, fixed, first_redone):
+@pytest.mark.parametrize(
+    "failing,fixed,first_redone",
+    [
+        (
+            ["--vocab-size", 50000, "--valid-docs", 2, "--test-docs", 2],
+            ["--vocab-size", 300, "--valid-docs", 2, "--test-docs", 2],
+            "vocab",
+        ),
+        (
+            ["--vocab-size", 300, "--valid-docs", 30, "--test-docs", 10],
+            ["--vocab-size", 300, "--valid-docs", 3, "--test-docs", 3],
+            "split",
+        ),
+    ],
+)
+def test_late_failure_then_other_option_reuses_the_extraction(
+    tmp_path, text_file, capsys, log, failing, fixed, first_redone
+):
     out = tmp_path / "out"
     code, err = build(capsys, "--text", text_file, "--out", out, "--workers", 1, *failing)
     assert code == 2 and "Traceback" not in err
@@ -627,12 +650,24 @@ def test_fifo_inputs_do_not_hang(tmp_path, text_file):
     (books / "real.txt").write_text("One real book.\n")
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "preprocess.build", *map(str, SMALL), "--stop-after", "extract"]
-    proc = subprocess.run(cmd + ["--text", str(fifo), "--out", str(tmp_path / "out1")], cwd=REPO,
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        cmd + ["--text", str(fifo), "--out", str(tmp_path / "out1")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert_one_error(proc.returncode, proc.stderr, fifo, "not a regular file")
     # A pipe named like a book is not a book (the real one is read).
-    proc = subprocess.run(cmd + ["--books", str(books), "--text", str(text_file), "--out", str(tmp_path / "out2")],
-                          cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        cmd + ["--books", str(books), "--text", str(text_file), "--out", str(tmp_path / "out2")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -659,8 +694,11 @@ def test_default_held_out_sizes_adapt(tmp_path, text_file, capsys, log):
     code, err = build(capsys, "--text", text_file, "--out", out, *TINY)
     assert code == 0, err
     record = record_of(out)
-    assert record["held_out"] == {"valid_docs": 2, "test_docs": 2,
-                                  "chosen": {"valid_docs": "auto", "test_docs": "auto"}}
+    assert record["held_out"] == {
+        "valid_docs": 2,
+        "test_docs": 2,
+        "chosen": {"valid_docs": "auto", "test_docs": "auto"},
+    }
     assert record["splits"]["valid"]["documents"] == 2 and record["splits"]["train0"]["documents"] == 36
     assert "held out 2 valid and 2 test documents of 40" in log.text
 
@@ -670,20 +708,24 @@ def tiny_corpus(path, docs):
     return path
 
 
-@pytest.mark.parametrize("docs,shards,given,expected", [
-    (1, 1, [], {"train0": 1}),
-    (2, 1, [], {"valid": 1, "train0": 1}),
-    (3, 1, [], {"valid": 1, "test": 1, "train0": 1}),
-    (3, 2, [], {"valid": 1, "train0": 1, "train1": 1}),
-    (40, 1, ["--valid-docs", 10], {"valid": 10, "test": 2, "train0": 28}),
-    (40, 1, ["--test-docs", 0], {"valid": 2, "train0": 38}),
-    (3, 1, ["--valid-docs", 2], {"valid": 2, "train0": 1}),
-])
+@pytest.mark.parametrize(
+    "docs,shards,given,expected",
+    [
+        (1, 1, [], {"train0": 1}),
+        (2, 1, [], {"valid": 1, "train0": 1}),
+        (3, 1, [], {"valid": 1, "test": 1, "train0": 1}),
+        (3, 2, [], {"valid": 1, "train0": 1, "train1": 1}),
+        (40, 1, ["--valid-docs", 10], {"valid": 10, "test": 2, "train0": 28}),
+        (40, 1, ["--test-docs", 0], {"valid": 2, "train0": 38}),
+        (3, 1, ["--valid-docs", 2], {"valid": 2, "train0": 1}),
+    ],
+)
 def test_held_out_sizes_for_small_corpora(tmp_path, capsys, docs, shards, given, expected):
     corpus = tiny_corpus(tmp_path / "tiny.txt", docs)
     out = tmp_path / "out"
-    code, err = build(capsys, "--text", corpus, "--out", out, *TINY, "--shards", shards, *given,
-                      "--stop-after", "split")
+    code, err = build(
+        capsys, "--text", corpus, "--out", out, *TINY, "--shards", shards, *given, "--stop-after", "split"
+    )
     assert code == 0, err
     done = json.loads((out / ".work" / "split.done").read_text())["result"]
     assert {k: v["documents"] for k, v in done["splits"].items()} == expected
@@ -691,8 +733,7 @@ def test_held_out_sizes_for_small_corpora(tmp_path, capsys, docs, shards, given,
 
 def test_given_held_out_sizes_stay_strict(tmp_path, capsys):
     corpus = tiny_corpus(tmp_path / "tiny.txt", 3)
-    code, err = build(capsys, "--text", corpus, "--out", tmp_path / "out", *TINY, "--valid-docs", 2,
-                      "--test-docs", 1)
+    code, err = build(capsys, "--text", corpus, "--out", tmp_path / "out", *TINY, "--valid-docs", 2, "--test-docs", 1)
     assert_one_error(code, err, corpus, "only 3 documents", "--valid-docs 2 + --test-docs 1")
     code, err = build(capsys, "--text", corpus, "--out", tmp_path / "out2", *TINY, "--valid-docs", 3)
     assert_one_error(code, err, corpus, "only 3 documents")

@@ -6,6 +6,7 @@ stderr, exit status 2, no traceback, nothing left behind, nobody else's file
 overwritten or deleted, no hang (a short ``timeout``), and no wrong result
 printed as a result.
 """
+
 import json
 import os
 import random
@@ -28,10 +29,18 @@ from examples.retrieval.bm25 import BM25  # noqa: E402
 from examples.retrieval.common import OutputError  # noqa: E402
 from examples.retrieval.data import DataFormatError, RetrievalData, load_data  # noqa: E402
 from examples.retrieval.finetune import (  # noqa: E402
-    FinetuneConfig, NoDuplicateBatches, build_examples, check_training_data, sample_negatives,
+    FinetuneConfig,
+    NoDuplicateBatches,
+    build_examples,
+    check_training_data,
+    sample_negatives,
 )
 from examples.retrieval.metrics import (  # noqa: E402
-    aggregate, evaluate, per_query, permutation_test, write_trec_run,
+    aggregate,
+    evaluate,
+    per_query,
+    permutation_test,
+    write_trec_run,
 )
 from examples.retrieval.search import SearchError, build_index  # noqa: E402
 
@@ -48,7 +57,8 @@ def tool(script, *args, timeout=SHORT):
 def assert_refused(proc, *names):
     """Exit 2, no traceback, exactly one ``error:`` line, naming each of ``names``."""
     assert proc.returncode == 2, (
-        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-2000:]}\nSTDERR:\n{proc.stderr[-4000:]}")
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-2000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    )
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr[-4000:]
@@ -71,8 +81,10 @@ def beir(root, corpus=None, queries=None, qrels=None, split="test", name="beir")
     d = Path(root) / name
     (d / "qrels").mkdir(parents=True)
     if corpus is None:
-        corpus = "".join(json.dumps({"_id": f"d{i}", "text": f"the {w} is a sweet fruit number {i}"}) + "\n"
-                         for i, w in enumerate(FRUITS))
+        corpus = "".join(
+            json.dumps({"_id": f"d{i}", "text": f"the {w} is a sweet fruit number {i}"}) + "\n"
+            for i, w in enumerate(FRUITS)
+        )
     if queries is None:
         queries = "".join(json.dumps({"_id": f"q{i}", "text": f"sweet {w}"}) + "\n" for i, w in enumerate(FRUITS))
     if qrels is None:
@@ -83,9 +95,12 @@ def beir(root, corpus=None, queries=None, qrels=None, split="test", name="beir")
     return d
 
 
-ONE_PASSAGE = dict(corpus='{"_id": "d1", "text": "red apple"}\n',
-                   queries='{"_id": "q1", "text": "red"}\n{"_id": "q2", "text": "apple"}\n',
-                   qrels="q1\td1\t1\nq2\td1\t1\n", split="train")
+ONE_PASSAGE = dict(
+    corpus='{"_id": "d1", "text": "red apple"}\n',
+    queries='{"_id": "q1", "text": "red"}\n{"_id": "q2", "text": "apple"}\n',
+    qrels="q1\td1\t1\nq2\td1\t1\n",
+    split="train",
+)
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +112,27 @@ def tiny_model(tmp_path_factory):
 # 1. finetune.py: fewer candidate negatives than --num-negatives (was: hang)
 # ---------------------------------------------------------------------------
 
+
 def test_finetune_more_negatives_than_the_corpus_has_does_not_hang(tiny_model, tmp_path):
     data = beir(tmp_path, split="train")  # 8 passages: at most 7 unjudged per query
     out = tmp_path / "ft"
-    proc = tool("finetune.py", "--model", tiny_model, "--data", data, "--out", out, "--num-negatives", "8",
-                "--epochs", "1", "--train-batch-size", "4", "--no-progress", timeout=60)
+    proc = tool(
+        "finetune.py",
+        "--model",
+        tiny_model,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--num-negatives",
+        "8",
+        "--epochs",
+        "1",
+        "--train-batch-size",
+        "4",
+        "--no-progress",
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     note = [line for line in proc.stderr.splitlines() if line.startswith("note:")]
     assert len(note) == 1 and str(data) in note[0] and "fewer than 8" in note[0] and "as few as 7" in note[0]
@@ -115,8 +146,7 @@ def test_finetune_no_negative_possible_is_refused(tiny_model, tmp_path, extra):
     data = beir(tmp_path, **ONE_PASSAGE)
     before = listing(tmp_path)
     out = tmp_path / "ft"
-    proc = tool("finetune.py", "--model", tiny_model, "--data", data, "--out", out, "--no-progress", *extra,
-                timeout=60)
+    proc = tool("finetune.py", "--model", tiny_model, "--data", data, "--out", out, "--no-progress", *extra, timeout=60)
     line = assert_refused(proc, data)
     assert "no negatives possible" in line
     assert listing(tmp_path) == before  # no --out, no temporary folder
@@ -125,15 +155,18 @@ def test_finetune_no_negative_possible_is_refused(tiny_model, tmp_path, extra):
 @pytest.mark.timeout(60)  # the old padding loop spun forever here: fail, do not block
 def test_build_examples_uses_what_exists_and_never_spins():
     # 3 documents; q1 judges two of them: one unjudged document, 5 asked for
-    data = RetrievalData(corpus={"a": "alpha", "b": "beta", "c": "gamma"}, queries={"q1": "x", "q2": "y"},
-                         qrels={"q1": {"a": 1, "b": 0}, "q2": {"b": 1}})
+    data = RetrievalData(
+        corpus={"a": "alpha", "b": "beta", "c": "gamma"},
+        queries={"q1": "x", "q2": "y"},
+        qrels={"q1": {"a": 1, "b": 0}, "q2": {"b": 1}},
+    )
     cfg = FinetuneConfig(num_negatives=5)
     ex = build_examples(data, ["q1", "q2"], {"q1": [], "q2": ["a"]}, cfg, random.Random(0))
     assert [len(e.texts) for e in ex] == [3, 4]  # q1: 1 negative, q2: 2 negatives
     assert ex[0].texts[2] == "gamma" and set(ex[1].texts[2:]) == {"alpha", "gamma"}
-    triplets = build_examples(data, ["q1", "q2"], {"q1": [], "q2": []}, FinetuneConfig(loss="triplet",
-                                                                                       num_negatives=5),
-                              random.Random(0))
+    triplets = build_examples(
+        data, ["q1", "q2"], {"q1": [], "q2": []}, FinetuneConfig(loss="triplet", num_negatives=5), random.Random(0)
+    )
     assert len(triplets) == 3 and all(len(e.texts) == 3 for e in triplets)
     # the random padding is bounded even when it keeps hitting judged documents
     docs = [f"d{i}" for i in range(10000)]
@@ -158,8 +191,14 @@ def test_check_training_data_library_errors():
     for cfg in (FinetuneConfig(), FinetuneConfig(loss="triplet"), FinetuneConfig(negatives="none")):
         with pytest.raises(DataFormatError, match=r"^/data/one: no negatives possible"):
             check_training_data(one, cfg)
-    missing = RetrievalData(corpus={"d1": "x"}, queries={"q1": "a"}, qrels={"q1": {"d9": 1}},
-                            folder="/data/m", qrels_path="/data/m/qrels/train.tsv", missing_docs=1)
+    missing = RetrievalData(
+        corpus={"d1": "x"},
+        queries={"q1": "a"},
+        qrels={"q1": {"d9": 1}},
+        folder="/data/m",
+        qrels_path="/data/m/qrels/train.tsv",
+        missing_docs=1,
+    )
     with pytest.raises(DataFormatError, match=r"^/data/m/qrels/train.tsv: no training query"):
         check_training_data(missing, FinetuneConfig())
 
@@ -167,6 +206,7 @@ def test_check_training_data_library_errors():
 # ---------------------------------------------------------------------------
 # 2. empty corpus / empty queries: one error line naming the file
 # ---------------------------------------------------------------------------
+
 
 def test_bm25_empty_corpus(tmp_path):
     data = beir(tmp_path, corpus="\n\n")
@@ -209,8 +249,12 @@ def test_msmarco_empty_files(tmp_path, what):
 
 def test_bm25_corpus_without_indexable_terms(tmp_path):
     """Sibling: stop words only gave the same ``max() arg is an empty sequence`` traceback."""
-    data = beir(tmp_path, corpus='{"_id": "d1", "text": "the of a"}\n{"_id": "d2", "text": ""}\n',
-                queries='{"_id": "q1", "text": "the"}\n', qrels="q1\td1\t1\n")
+    data = beir(
+        tmp_path,
+        corpus='{"_id": "d1", "text": "the of a"}\n{"_id": "d2", "text": ""}\n',
+        queries='{"_id": "q1", "text": "the"}\n',
+        qrels="q1\td1\t1\n",
+    )
     assert "indexable" in assert_refused(tool("bm25.py", "--data", data), data / "corpus.jsonl")
     # the library does not crash either: nothing can match
     assert BM25({"d1": "the of a"}).retrieve({"q": "of"}) == {"q": {}}
@@ -261,6 +305,7 @@ def test_max_seq_length_beyond_the_positions_is_capped(tiny_model, capsys):
 # 3. nothing evaluated must not print metrics
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("qrels", ["query-id\tcorpus-id\tscore\n", "", "q1\td1\t0\nq2\td2\t0\n"])
 def test_zero_judged_queries_are_refused(tmp_path, qrels):
     data = beir(tmp_path, qrels=qrels)
@@ -303,10 +348,14 @@ def test_metrics_run_that_shares_no_query_is_refused(tmp_path):
 # 4. duplicate judgements (and duplicate run lines)
 # ---------------------------------------------------------------------------
 
+
 def test_duplicate_qrels_pair_is_refused(tmp_path):
     data = beir(tmp_path, qrels="query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\nq1\td1\t0\n")
-    with pytest.raises(DataFormatError, match=r"test\.tsv:4: duplicate judgement of query 'q1' and document "
-                                              r"'d1' \(first on line 2\)"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"test\.tsv:4: duplicate judgement of query 'q1' and document "
+        r"'d1' \(first on line 2\)",
+    ):
         load_data(data, "test")
     assert_refused(tool("bm25.py", "--data", data), f"{data / 'qrels' / 'test.tsv'}:4:")
 
@@ -330,12 +379,16 @@ def test_run_file_that_is_not_utf8(tmp_path):
 # 5. ids that are not ids
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad_id", ["null", "1.5", "true", '""', '"  "', "[1]", '{"a": 1}', '"d 1"'])
 @pytest.mark.parametrize("which", ["corpus", "queries"])
 def test_bad_json_ids_are_refused(tmp_path, bad_id, which):
     line = '{"_id": %s, "text": "x"}\n' % bad_id
-    files = {"corpus": '{"_id": "d1", "text": "a"}\n' + line} if which == "corpus" else {
-        "queries": '{"_id": "q1", "text": "a"}\n' + line}
+    files = (
+        {"corpus": '{"_id": "d1", "text": "a"}\n' + line}
+        if which == "corpus"
+        else {"queries": '{"_id": "q1", "text": "a"}\n' + line}
+    )
     data = beir(tmp_path, qrels="q1\td1\t1\n", **files)
     name = "corpus.jsonl" if which == "corpus" else "queries.jsonl"
     with pytest.raises(DataFormatError, match=rf"{name}:2: (field '_id' must be|empty|.* contains whitespace)"):
@@ -345,8 +398,16 @@ def test_bad_json_ids_are_refused(tmp_path, bad_id, which):
 def test_null_id_via_cli_and_integer_ids_still_load(tmp_path):
     data = beir(tmp_path, corpus='{"_id": null, "text": "a"}\n', qrels="q1\td1\t1\n")
     assert "got null" in assert_refused(tool("bm25.py", "--data", data), f"{data / 'corpus.jsonl'}:1:")
-    ok = load_data(beir(tmp_path, corpus='{"_id": 7, "text": "a"}\n', queries='{"_id": 1, "text": "b"}\n',
-                        qrels="1\t7\t1\n", name="ints"), "test")
+    ok = load_data(
+        beir(
+            tmp_path,
+            corpus='{"_id": 7, "text": "a"}\n',
+            queries='{"_id": 1, "text": "b"}\n',
+            qrels="1\t7\t1\n",
+            name="ints",
+        ),
+        "test",
+    )
     assert list(ok.corpus) == ["7"] and ok.qrels == {"1": {"7": 1}}
 
 
@@ -363,6 +424,7 @@ def test_msmarco_id_with_blank_is_refused(tmp_path):
 # ---------------------------------------------------------------------------
 # 6. outputs: atomic, and never someone else's file or folder
 # ---------------------------------------------------------------------------
+
 
 def test_finetune_refuses_a_foreign_out_folder(tiny_model, tmp_path):
     data = beir(tmp_path, split="train")
@@ -387,8 +449,19 @@ def test_finetune_refuses_a_foreign_out_folder(tiny_model, tmp_path):
 def test_finetune_out_is_atomic_and_rerunnable(tiny_model, tmp_path):
     data = beir(tmp_path, split="train")
     out = tmp_path / "ft"
-    args = ["--model", tiny_model, "--data", data, "--out", out, "--epochs", "1", "--train-batch-size", "4",
-            "--no-progress"]
+    args = [
+        "--model",
+        tiny_model,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--epochs",
+        "1",
+        "--train-batch-size",
+        "4",
+        "--no-progress",
+    ]
     check([sys.executable, RETRIEVAL / "finetune.py", *args], env=OFFLINE, timeout=SHORT)
     first = json.loads((out / "finetune.json").read_text())
     assert first["tool"] == "examples/retrieval/finetune.py"
@@ -410,8 +483,9 @@ def test_finetune_interrupted_leaves_nothing(tiny_model, tmp_path, monkeypatch):
 
     monkeypatch.setattr(finetune_cli, "finetune", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        finetune_cli.main(["--model", str(tiny_model), "--data", str(data), "--out", str(out), "--no-progress",
-                           "--device", "cpu"])
+        finetune_cli.main(
+            ["--model", str(tiny_model), "--data", str(data), "--out", str(out), "--no-progress", "--device", "cpu"]
+        )
     assert sorted(os.listdir(tmp_path)) == ["beir"]  # no OUT, no temporary folder, no parent made for OUT
 
 
@@ -431,12 +505,16 @@ def test_run_never_overwrites_a_file_that_is_not_a_run(tiny_model, tmp_path, scr
         assert_refused(tool(script, "--data", data, "--run", tmp_path), tmp_path)
     # an earlier run of the same command is replaced: rerunning works
     run_file = tmp_path / "r.trec"
-    first = check([sys.executable, RETRIEVAL / script, *model, "--data", data, "--run", run_file],
-                  env=OFFLINE, timeout=SHORT)
-    again = check([sys.executable, RETRIEVAL / script, *model, "--data", data, "--run", run_file],
-                  env=OFFLINE, timeout=SHORT)
-    assert first.stdout.splitlines()[-1].split('"num_queries"')[0] == again.stdout.splitlines()[-1].split(
-        '"num_queries"')[0]
+    first = check(
+        [sys.executable, RETRIEVAL / script, *model, "--data", data, "--run", run_file], env=OFFLINE, timeout=SHORT
+    )
+    again = check(
+        [sys.executable, RETRIEVAL / script, *model, "--data", data, "--run", run_file], env=OFFLINE, timeout=SHORT
+    )
+    assert (
+        first.stdout.splitlines()[-1].split('"num_queries"')[0]
+        == again.stdout.splitlines()[-1].split('"num_queries"')[0]
+    )
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporary file left
 
 
@@ -474,8 +552,9 @@ def test_reproduce_refuses_a_foreign_out(tmp_path):
     assert listing(tmp_path) == before
     fresh = tmp_path / "fresh"
     assert_refused(tool("reproduce_small.py", "--out", fresh, "--models", "seed,bert"))
-    assert_refused(tool("reproduce_small.py", "--out", fresh, "--num-negatives", "2", "--loss", "triplet",
-                        "--negatives", "none"))
+    assert_refused(
+        tool("reproduce_small.py", "--out", fresh, "--num-negatives", "2", "--loss", "triplet", "--negatives", "none")
+    )
     assert not fresh.exists()
 
 
@@ -524,12 +603,16 @@ BAD_FLAGS = [
 ]
 
 
-@pytest.mark.parametrize("module,flags", BAD_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else
-                         v.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize(
+    "module,flags", BAD_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else v.__name__.rsplit(".", 1)[-1]
+)
 def test_bad_numeric_flags(tmp_path, capsys, module, flags):
-    required = {"finetune": ["--model", "m", "--data", "d", "--out", str(tmp_path / "o")],
-                "evaluate": ["--model", "m", "--data", "d"], "bm25": ["--data", "d"],
-                "metrics": ["--data", "d", "--run", "r"]}[module.__name__.rsplit(".", 1)[-1]]
+    required = {
+        "finetune": ["--model", "m", "--data", "d", "--out", str(tmp_path / "o")],
+        "evaluate": ["--model", "m", "--data", "d"],
+        "bm25": ["--data", "d"],
+        "metrics": ["--data", "d", "--run", "r"],
+    }[module.__name__.rsplit(".", 1)[-1]]
     with pytest.raises(SystemExit) as e:
         module.main(required + flags)
     assert e.value.code == 2

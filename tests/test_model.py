@@ -30,35 +30,49 @@ def test_registered_names_are_ours():
     assert M.MODEL_REGISTRY["seed_encoder"] is SeedEncoderModel
     assert T.TASK_REGISTRY["seed_pretrain"] is SeedPretrainTask
     assert C.CRITERION_REGISTRY["seed_pretrain"] is SeedPretrainCriterion
-    names = ["seed_encoder_base", "seed_encoder_tiny", "seed_encoder_mlm_only",
-             "weak_decoder_k2", "weak_decoder_full", "weak_decoder_l5_full",
-             "weak_decoder_l1_k2", "weak_decoder_l5_k8"]
+    names = [
+        "seed_encoder_base",
+        "seed_encoder_tiny",
+        "seed_encoder_mlm_only",
+        "weak_decoder_k2",
+        "weak_decoder_full",
+        "weak_decoder_l5_full",
+        "weak_decoder_l1_k2",
+        "weak_decoder_l5_k8",
+    ]
     for name in names:
         assert M.ARCH_MODEL_REGISTRY[name] is SeedEncoderModel, name
         assert M.ARCH_MODEL_NAME_REGISTRY[name] == "seed_encoder"
 
 
 def test_window_mask_matches_the_authors_literal_matrix():
-    expected = literal([
-        "x.....",
-        "xx....",
-        "xxx...",
-        "x.xx..",
-        "x..xx.",
-        "x...xx",
-    ])
+    expected = literal(
+        [
+            "x.....",
+            "xx....",
+            "xxx...",
+            "x.xx..",
+            "x..xx.",
+            "x...xx",
+        ]
+    )
     assert torch.equal(window_allowed(6, 2), expected)
 
 
 def test_window_mask_k3_and_full():
-    assert torch.equal(window_allowed(6, 3), literal([
-        "x.....",
-        "xx....",
-        "xxx...",
-        "xxxx..",
-        "x.xxx.",
-        "x..xxx",
-    ]))
+    assert torch.equal(
+        window_allowed(6, 3),
+        literal(
+            [
+                "x.....",
+                "xx....",
+                "xxx...",
+                "xxxx..",
+                "x.xxx.",
+                "x..xxx",
+            ]
+        ),
+    )
     assert torch.equal(window_allowed(4, FULL), literal(["x...", "xx..", "xxx.", "xxxx"]))
     # k=1: itself and [CLS] only
     assert torch.equal(window_allowed(4, 1), literal(["x...", "xx..", "x.x.", "x..x"]))
@@ -155,9 +169,23 @@ def test_decoder_receptive_field(odd_dict_dir, window, layers):
 
 
 def test_full_window_is_plain_causal_attention(odd_dict_dir):
-    _, model, _, _ = build_task_model(odd_dict_dir, arch_args=[
-        "--arch", "weak_decoder_full", "--encoder-layers", "1", "--encoder-embed-dim", "32",
-        "--encoder-ffn-embed-dim", "37", "--encoder-attention-heads", "2", "--decoder-layers", "2"])
+    _, model, _, _ = build_task_model(
+        odd_dict_dir,
+        arch_args=[
+            "--arch",
+            "weak_decoder_full",
+            "--encoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "32",
+            "--encoder-ffn-embed-dim",
+            "37",
+            "--encoder-attention-heads",
+            "2",
+            "--decoder-layers",
+            "2",
+        ],
+    )
     assert model.weak_decoder.window == FULL
     model.eval().double()
     torch.manual_seed(2)
@@ -172,14 +200,28 @@ def test_full_window_is_plain_causal_attention(odd_dict_dir):
 
 
 def test_ablation_archs_configure_the_decoder(odd_dict_dir):
-    for arch, layers, window in [("weak_decoder_l1_k2", 1, 2), ("weak_decoder_l5_full", 5, FULL),
-                                 ("weak_decoder_k8", 3, 8)]:
+    for arch, layers, window in [
+        ("weak_decoder_l1_k2", 1, 2),
+        ("weak_decoder_l5_full", 5, FULL),
+        ("weak_decoder_k8", 3, 8),
+    ]:
         from fairseq import options
 
         parser = options.get_training_parser()
         args = options.parse_args_and_arch(
-            parser, [str(odd_dict_dir), "--user-dir", "seed_fairseq", "--task", "seed_pretrain",
-                     "--arch", arch, "--criterion", "seed_pretrain"])
+            parser,
+            [
+                str(odd_dict_dir),
+                "--user-dir",
+                "seed_fairseq",
+                "--task",
+                "seed_pretrain",
+                "--arch",
+                arch,
+                "--criterion",
+                "seed_pretrain",
+            ],
+        )
         assert args.decoder_layers == layers and args.decoder_attention_window == window
         assert args.encoder_layers == 12 and args.encoder_embed_dim == 768
         assert args.encoder_attention_heads == 12  # the released weights, not the paper's 8
@@ -209,8 +251,7 @@ def test_bfloat16_forward_and_loss_are_finite(odd_dict_dir):
     target = torch.full_like(src, pad)
     target[:, 3] = src[:, 3]
     sample = {
-        "net_input": {"src_tokens": src, "src_lengths": src.ne(pad).sum(1),
-                      "prev_output_tokens": src[:, :-1]},
+        "net_input": {"src_tokens": src, "src_lengths": src.ne(pad).sum(1), "prev_output_tokens": src[:, :-1]},
         "target": target,
         "dec_target": torch.where(src[:, 1:].eq(pad), pad, src[:, 1:]),
         "ntokens": int(src.ne(pad).sum()),
@@ -224,9 +265,21 @@ def test_bfloat16_forward_and_loss_are_finite(odd_dict_dir):
 
 
 def test_mlm_only_arch_has_no_decoder(odd_dict_dir):
-    _, model, _, _ = build_task_model(odd_dict_dir, arch_args=[
-        "--arch", "seed_encoder_mlm_only", "--encoder-layers", "1", "--encoder-embed-dim", "32",
-        "--encoder-ffn-embed-dim", "37", "--encoder-attention-heads", "2"])
+    _, model, _, _ = build_task_model(
+        odd_dict_dir,
+        arch_args=[
+            "--arch",
+            "seed_encoder_mlm_only",
+            "--encoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "32",
+            "--encoder-ffn-embed-dim",
+            "37",
+            "--encoder-attention-heads",
+            "2",
+        ],
+    )
     assert model.weak_decoder is None
     assert not any(k.startswith("weak_decoder") for k in model.state_dict())
 

@@ -6,6 +6,7 @@ in tmp_path. Module-scoped wiki builds are shared by the real-data tests: the
 default one (one sentence per line) and one with --line-unit paragraph and a
 tiny --max-line-pieces (two wiki builds instead of three: the test time).
 """
+
 import bz2
 import json
 import os
@@ -27,11 +28,39 @@ WIKI_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "enwiki-
 BIN = Path(sys.executable).parent
 MARKUP = ("[[", "]]", "{{", "}}", "<ref", "|}")
 TINY_TRAIN = [
-    "--encoder-layers", "1", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37",
-    "--encoder-attention-heads", "2", "--tokens-per-sample", "64", "--max-positions", "64",
-    "--max-update", "3", "--batch-size", "4", "--cpu", "--no-save", "--optimizer", "adam",
-    "--lr", "1e-4", "--log-format", "simple", "--log-interval", "1", "--num-workers", "0",
-    "--skip-invalid-size-inputs-valid-test", "--seed", "1", "--required-batch-size-multiple", "1",
+    "--encoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "37",
+    "--encoder-attention-heads",
+    "2",
+    "--tokens-per-sample",
+    "64",
+    "--max-positions",
+    "64",
+    "--max-update",
+    "3",
+    "--batch-size",
+    "4",
+    "--cpu",
+    "--no-save",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "1e-4",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "1",
+    "--num-workers",
+    "0",
+    "--skip-invalid-size-inputs-valid-test",
+    "--seed",
+    "1",
+    "--required-batch-size-multiple",
+    "1",
 ]
 
 
@@ -39,7 +68,9 @@ def run_build(*args, check=True):
     """The CLI as users run it, in a subprocess (exit code, stderr, no traceback)."""
     proc = subprocess.run(
         [sys.executable, "-m", "preprocess.build", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
     )
     if check:
@@ -121,8 +152,21 @@ def wiki_out(tmp_path_factory):
     if not WIKI_SAMPLE.exists():
         pytest.skip(f"{WIKI_SAMPLE} not present (../shared beside the repo)")
     out = tmp_path_factory.mktemp("wiki") / "data-bin"
-    run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
-              "--valid-docs", 5, "--test-docs", 5, "--keep-work")
+    run_build(
+        "--wiki",
+        WIKI_SAMPLE,
+        "--out",
+        out,
+        "--vocab-size",
+        1000,
+        "--workers",
+        2,
+        "--valid-docs",
+        5,
+        "--test-docs",
+        5,
+        "--keep-work",
+    )
     return out
 
 
@@ -135,9 +179,25 @@ def wiki_para_out(tmp_path_factory):
     if not WIKI_SAMPLE.exists():
         pytest.skip(f"{WIKI_SAMPLE} not present (../shared beside the repo)")
     out = tmp_path_factory.mktemp("wiki_para") / "data-bin"
-    run_build("--wiki", WIKI_SAMPLE, "--out", out, "--vocab-size", 1000, "--workers", 2,
-              "--valid-docs", 5, "--test-docs", 5, "--keep-work", "--line-unit", "paragraph",
-              "--max-line-pieces", TINY_MAX_PIECES)
+    run_build(
+        "--wiki",
+        WIKI_SAMPLE,
+        "--out",
+        out,
+        "--vocab-size",
+        1000,
+        "--workers",
+        2,
+        "--valid-docs",
+        5,
+        "--test-docs",
+        5,
+        "--keep-work",
+        "--line-unit",
+        "paragraph",
+        "--max-line-pieces",
+        TINY_MAX_PIECES,
+    )
     return out
 
 
@@ -153,8 +213,10 @@ def make_text_corpus(path, docs=40, seed=0):
     import random
 
     rng = random.Random(seed)
-    words = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain "
-             "city music science history garden über café naïve 42 1999 3.5 — !? , .").split()
+    words = (
+        "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain "
+        "city music science history garden über café naïve 42 1999 3.5 — !? , ."
+    ).split()
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for d in range(docs):
             if d:
@@ -184,23 +246,31 @@ SMALL = ["--vocab-size", 400, "--workers", 2, "--valid-docs", 2, "--test-docs", 
 
 def mediawiki_xml(pages):
     """A minimal MediaWiki export; pages = [(title, ns, text or None for a redirect)]."""
-    parts = ['<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">',
-             "<siteinfo><sitename>Test</sitename></siteinfo>"]
+    parts = [
+        '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">',
+        "<siteinfo><sitename>Test</sitename></siteinfo>",
+    ]
     for i, (title, ns, text) in enumerate(pages):
         redirect = '<redirect title="Elsewhere" />' if text is None else ""
         body = "#REDIRECT [[Elsewhere]]" if text is None else text
         body = body.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        parts.append(f"<page><title>{title}</title><ns>{ns}</ns><id>{i + 1}</id>{redirect}"
-                     f"<revision><id>{100 + i}</id><text xml:space=\"preserve\">{body}</text></revision></page>")
+        parts.append(
+            f"<page><title>{title}</title><ns>{ns}</ns><id>{i + 1}</id>{redirect}"
+            f'<revision><id>{100 + i}</id><text xml:space="preserve">{body}</text></revision></page>'
+        )
     parts.append("</mediawiki>")
     return "\n".join(parts).encode("utf-8")
 
 
 SYNTH_PAGES = [
-    ("Alpha", 0, "'''Alpha''' is a [[letter]] {{citation needed}}.<ref>A source.</ref>\n\n"
-                 "== History ==\nIt came from [[Phoenicia|the Phoenicians]].\n\n"
-                 "{| class=\"wikitable\"\n|-\n| cell || cell\n|}\n\n[[Category:Letters]]\n"
-                 "[[File:Alpha.png|thumb|An alpha]]\n== References ==\n{{reflist}}\n"),
+    (
+        "Alpha",
+        0,
+        "'''Alpha''' is a [[letter]] {{citation needed}}.<ref>A source.</ref>\n\n"
+        "== History ==\nIt came from [[Phoenicia|the Phoenicians]].\n\n"
+        '{| class="wikitable"\n|-\n| cell || cell\n|}\n\n[[Category:Letters]]\n'
+        "[[File:Alpha.png|thumb|An alpha]]\n== References ==\n{{reflist}}\n",
+    ),
     ("Beta", 0, "'''Beta''' is the second letter. It is used in [[mathematics]] and physics.\n"),
     ("Gamma", 0, None),
     ("Talk:Alpha", 1, "Discussion, not an article."),
@@ -233,9 +303,16 @@ def test_spm_to_fairseq_id_rule():
 
 def test_split_sentences_cuts_only_at_spaces():
     assert split_sentences("Dr. Smith went to Washington. He arrived at 3 p.m. today. It was cold!") == [
-        "Dr. Smith went to Washington.", "He arrived at 3 p.m. today.", "It was cold!"]
-    for text in ("The U.S. economy grew 3.5% in 2019 (see Fig. 2). Growth slowed.",
-                 "中文句子。第二句。 Emoji 🎉 ok. Next", "one", "\"Quoted.\" Then (parenthesis.) after"):
+        "Dr. Smith went to Washington.",
+        "He arrived at 3 p.m. today.",
+        "It was cold!",
+    ]
+    for text in (
+        "The U.S. economy grew 3.5% in 2019 (see Fig. 2). Growth slowed.",
+        "中文句子。第二句。 Emoji 🎉 ok. Next",
+        "one",
+        '"Quoted." Then (parenthesis.) after',
+    ):
         sentences = split_sentences(text)
         assert " ".join(sentences) == text and all(sentences), sentences
     assert split_sentences("中文句子。第二句。") == ["中文句子。第二句。"]  # no space: not cut
@@ -367,8 +444,9 @@ def test_wiki_tiny_max_line_pieces_loses_nothing(wiki_para_out):
         text = out / ".work" / "split" / f"{name}.txt"
         assert decode_documents(out / prefix, out) == read_documents(text)
     # Piece for piece: the chunks of the train split are the pieces of its lines, in order.
-    expected = [spm_to_fairseq_id(i) for line in read_lines(out / ".work" / "split" / "train0.txt")
-                for i in sp.encode(line)]
+    expected = [
+        spm_to_fairseq_id(i) for line in read_lines(out / ".work" / "split" / "train0.txt") for i in sp.encode(line)
+    ]
     ds = MMapIndexedDataset(str(out / "train"))
     got = [t for i in range(len(ds)) for t in ds[i].tolist()[:-1]]
     assert got == expected
@@ -389,8 +467,9 @@ def test_wiki_document_boundaries_for_complete_doc(wiki_out):
     separators = [i for i in range(len(ds)) if ds.sizes[i] == 1]
     assert len(separators) == n_docs - 1
     assert all(ds[i].tolist() == [dictionary.eos()] for i in separators)
-    blocks = TokenBlockDataset(ds, ds.sizes, 10**8, pad=dictionary.pad(), eos=dictionary.eos(),
-                               break_mode="complete_doc", document_sep_len=1)
+    blocks = TokenBlockDataset(
+        ds, ds.sizes, 10**8, pad=dictionary.pad(), eos=dictionary.eos(), break_mode="complete_doc", document_sep_len=1
+    )
     assert len(blocks) == n_docs  # one block per document when blocks are unbounded
 
 
@@ -430,13 +509,26 @@ def test_id_mapping_equals_fairseq_preprocess(wiki_out, tmp_path):
     sp = spm.SentencePieceProcessor(model_file=str(wiki_out / "spm.model"))
     normalized = [normalize_line(s) for s in ID_STRINGS]
     encoded = tmp_path / "ids.bpe"
-    encoded.write_text("".join(" ".join(sp.encode(s, out_type=str)) + "\n" for s in normalized),
-                       encoding="utf-8")
+    encoded.write_text("".join(" ".join(sp.encode(s, out_type=str)) + "\n" for s in normalized), encoding="utf-8")
     dest = tmp_path / "fs"
     proc = subprocess.run(
-        [BIN / "fairseq-preprocess", "--only-source", "--srcdict", wiki_out / "dict.txt",
-         "--trainpref", encoded, "--destdir", dest, "--dataset-impl", "mmap", "--workers", "1"],
-        capture_output=True, text=True)
+        [
+            BIN / "fairseq-preprocess",
+            "--only-source",
+            "--srcdict",
+            wiki_out / "dict.txt",
+            "--trainpref",
+            encoded,
+            "--destdir",
+            dest,
+            "--dataset-impl",
+            "mmap",
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ds = MMapIndexedDataset(str(dest / "train"))
     assert len(ds) == len(ID_STRINGS)
@@ -453,18 +545,45 @@ def test_id_mapping_equals_fairseq_preprocess(wiki_out, tmp_path):
 
 def test_fairseq_train_masked_lm_on_wiki(wiki_out):
     proc = subprocess.run(
-        [BIN / "fairseq-train", wiki_out, "--task", "masked_lm", "--arch", "roberta_base",
-         "--criterion", "masked_lm", "--sample-break-mode", "complete_doc", *TINY_TRAIN],
-        capture_output=True, text=True, cwd=REPO)
+        [
+            BIN / "fairseq-train",
+            wiki_out,
+            "--task",
+            "masked_lm",
+            "--arch",
+            "roberta_base",
+            "--criterion",
+            "masked_lm",
+            "--sample-break-mode",
+            "complete_doc",
+            *TINY_TRAIN,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "num_updates=3" in proc.stdout + proc.stderr
 
 
 def _seed_plugin_ready():
     proc = subprocess.run(
-        [BIN / "fairseq-train", "--user-dir", REPO / "seed_fairseq", "--task", "seed_pretrain",
-         "--arch", "seed_encoder_tiny", "--criterion", "seed_pretrain", "--help"],
-        capture_output=True, text=True, cwd=REPO)
+        [
+            BIN / "fairseq-train",
+            "--user-dir",
+            REPO / "seed_fairseq",
+            "--task",
+            "seed_pretrain",
+            "--arch",
+            "seed_encoder_tiny",
+            "--criterion",
+            "seed_pretrain",
+            "--help",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     return proc.returncode == 0
 
 
@@ -472,12 +591,41 @@ def test_fairseq_train_seed_pretrain_on_wiki(wiki_out):
     if not _seed_plugin_ready():
         pytest.skip("seed_fairseq plugin (task seed_pretrain, arch seed_encoder_tiny) not available yet")
     proc = subprocess.run(
-        [BIN / "fairseq-train", wiki_out, "--user-dir", REPO / "seed_fairseq", "--task", "seed_pretrain",
-         "--arch", "seed_encoder_tiny", "--criterion", "seed_pretrain",
-         "--tokens-per-sample", "64", "--max-update", "3", "--batch-size", "4", "--cpu", "--no-save",
-         "--optimizer", "adam", "--lr", "1e-4", "--log-format", "simple", "--log-interval", "1",
-         "--num-workers", "0", "--skip-invalid-size-inputs-valid-test"],
-        capture_output=True, text=True, cwd=REPO)
+        [
+            BIN / "fairseq-train",
+            wiki_out,
+            "--user-dir",
+            REPO / "seed_fairseq",
+            "--task",
+            "seed_pretrain",
+            "--arch",
+            "seed_encoder_tiny",
+            "--criterion",
+            "seed_pretrain",
+            "--tokens-per-sample",
+            "64",
+            "--max-update",
+            "3",
+            "--batch-size",
+            "4",
+            "--cpu",
+            "--no-save",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-4",
+            "--log-format",
+            "simple",
+            "--log-interval",
+            "1",
+            "--num-workers",
+            "0",
+            "--skip-invalid-size-inputs-valid-test",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "num_updates=3" in proc.stdout + proc.stderr
 
@@ -494,16 +642,15 @@ def test_books_and_text_inputs(tmp_path, books_dir, text_file):
     corpus = (out / ".work" / "extract" / "corpus.txt").read_text(encoding="utf-8")
     docs = corpus.split("\n\n")
     # Books come first, in sorted path order; blank lines inside a book are dropped.
-    assert docs[0] == ("chapter one\nthe café opened at 9:30, said zoë.\n"
-                       "fullwidth text and fi ligature.")
+    assert docs[0] == ("chapter one\nthe café opened at 9:30, said zoë.\nfullwidth text and fi ligature.")
     assert docs[1].startswith("it was a dark and stormy night;\nthe rain fell")
     assert docs[2].startswith("numbers: 3.14159")
     assert "\r" not in corpus and not corpus.startswith("\n")
     assert corpus.endswith("\n") and not corpus.endswith("\n\n")
     for name in ("train", "valid", "test"):
-        assert decode_split(out / name, out) == read_lines(out / ".work" / "split" / f"{name}0.txt"
-                                                           if name == "train" else
-                                                           out / ".work" / "split" / f"{name}.txt")
+        assert decode_split(out / name, out) == read_lines(
+            out / ".work" / "split" / f"{name}0.txt" if name == "train" else out / ".work" / "split" / f"{name}.txt"
+        )
 
 
 def test_unknown_policy_without_byte_fallback(tmp_path, text_file):
@@ -511,8 +658,18 @@ def test_unknown_policy_without_byte_fallback(tmp_path, text_file):
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
     out = tmp_path / "out"
-    run_build("--text", text_file, "--out", out, *SMALL, "--no-byte-fallback", "--character-coverage", 1.0,
-              "--vocab-size", 150)
+    run_build(
+        "--text",
+        text_file,
+        "--out",
+        out,
+        *SMALL,
+        "--no-byte-fallback",
+        "--character-coverage",
+        1.0,
+        "--vocab-size",
+        150,
+    )
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     ids = sp.encode(normalize_line("alpha ☃ beta"))
     assert 0 in ids
@@ -537,10 +694,25 @@ def test_shards_layout_and_training(tmp_path, text_file):
     assert record["splits"]["train0"]["documents"] + record["splits"]["train1"]["documents"] == 36
     assert abs(record["splits"]["train0"]["documents"] - record["splits"]["train1"]["documents"]) <= 1
     proc = subprocess.run(
-        [BIN / "fairseq-train", f"{out / 'shard0'}:{out / 'shard1'}", "--task", "masked_lm",
-         "--arch", "roberta_base", "--criterion", "masked_lm", *TINY_TRAIN, "--max-epoch", "2",
-         "--max-update", "1000"],
-        capture_output=True, text=True, cwd=REPO)
+        [
+            BIN / "fairseq-train",
+            f"{out / 'shard0'}:{out / 'shard1'}",
+            "--task",
+            "masked_lm",
+            "--arch",
+            "roberta_base",
+            "--criterion",
+            "masked_lm",
+            *TINY_TRAIN,
+            "--max-epoch",
+            "2",
+            "--max-update",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = proc.stdout + proc.stderr
     # Epoch 1 reads shard0's train, epoch 2 shard1's; valid always comes from shard0.
@@ -552,8 +724,21 @@ def test_synthetic_wiki_cleaning(tmp_path):
     dump = tmp_path / "wiki.xml.bz2"
     dump.write_bytes(bz2.compress(mediawiki_xml(SYNTH_PAGES)))
     out = tmp_path / "out"
-    run_build("--wiki", dump, "--out", out, "--vocab-size", 300, "--workers", 1,
-              "--valid-docs", 1, "--test-docs", 1, "--keep-work")
+    run_build(
+        "--wiki",
+        dump,
+        "--out",
+        out,
+        "--vocab-size",
+        300,
+        "--workers",
+        1,
+        "--valid-docs",
+        1,
+        "--test-docs",
+        1,
+        "--keep-work",
+    )
     corpus = (out / ".work" / "extract" / "corpus.txt").read_text(encoding="utf-8")
     docs = corpus.split("\n\n")
     assert len(docs) == 5  # Gamma is a redirect, Talk:Alpha not an article
@@ -596,18 +781,19 @@ def test_changed_options_on_unfinished_build_redo_only_their_stages(tmp_path, te
     caplog.set_level("INFO", logger="preprocess")
     out = tmp_path / "out"
     run_build("--text", text_file, "--out", out, *SMALL, "--stop-after", "split")
-    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL[:-4],
-                                "--valid-docs", 3, "--test-docs", 2)
+    code, err = build_inprocess(
+        capsys, "--text", text_file, "--out", out, *SMALL[:-4], "--valid-docs", 3, "--test-docs", 2
+    )
     assert code == 0, err
     assert "stage extract: already done" in caplog.text and "stage split: running" in caplog.text
     record = json.loads((out / "preprocess.json").read_text())
     assert record["splits"]["valid"]["documents"] == 3 and record["splits"]["test"]["documents"] == 2
 
 
-@pytest.mark.parametrize("changed,first_redone", [(["--line-unit", "paragraph"], "extract"),
-                                                  (["--max-line-pieces", 20], "encode")])
-def test_changed_line_options_are_never_resumed_or_reused(tmp_path, text_file, capsys, caplog, changed,
-                                                          first_redone):
+@pytest.mark.parametrize(
+    "changed,first_redone", [(["--line-unit", "paragraph"], "extract"), (["--max-line-pieces", 20], "encode")]
+)
+def test_changed_line_options_are_never_resumed_or_reused(tmp_path, text_file, capsys, caplog, changed, first_redone):
     """--line-unit changes extract's output, --max-line-pieces encode's: a build made
     with other values must not be resumed with stale stages nor taken as complete."""
     caplog.set_level("INFO", logger="preprocess")
@@ -619,7 +805,7 @@ def test_changed_line_options_are_never_resumed_or_reused(tmp_path, text_file, c
     caplog.clear()
     code, err = build_inprocess(capsys, "--text", text_file, "--out", out, *SMALL, *changed)
     assert code == 0, err
-    later = build_mod.STAGES[build_mod.STAGES.index(first_redone):]
+    later = build_mod.STAGES[build_mod.STAGES.index(first_redone) :]
     for stage in build_mod.STAGES:
         redone = f"stage {stage}: running" in caplog.text
         assert redone == (stage in later), (stage, caplog.text)
@@ -674,13 +860,16 @@ def test_truncated_real_dump(tmp_path, capsys):
     _assert_clear_error(code, err, dump, "truncated .bz2")
 
 
-@pytest.mark.parametrize("content,words", [
-    (b'<?xml version="1.0"?><html><body>hello</body></html>', ["not a MediaWiki XML export", "<html>"]),
-    (b"just some plain text, not XML at all\n", ["not a well-formed MediaWiki XML export"]),
-    (mediawiki_xml(SYNTH_PAGES)[:-200], ["truncated XML"]),
-    (mediawiki_xml(SYNTH_PAGES).replace(b"second letter", b"second \xe9letter"), ["non-UTF-8"]),
-    (b"", ["empty file"]),
-])
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        (b'<?xml version="1.0"?><html><body>hello</body></html>', ["not a MediaWiki XML export", "<html>"]),
+        (b"just some plain text, not XML at all\n", ["not a well-formed MediaWiki XML export"]),
+        (mediawiki_xml(SYNTH_PAGES)[:-200], ["truncated XML"]),
+        (mediawiki_xml(SYNTH_PAGES).replace(b"second letter", b"second \xe9letter"), ["non-UTF-8"]),
+        (b"", ["empty file"]),
+    ],
+)
 def test_bad_wiki_inputs(tmp_path, capsys, content, words):
     dump = tmp_path / "dump.xml"
     dump.write_bytes(content)
@@ -700,8 +889,9 @@ def test_non_utf8_text_error_and_skip_bad(tmp_path, capsys, text_file):
     assert not (out / "preprocess.json").exists()
 
     # The advice works on the same --out, without --force (see test_faults_preprocess.py).
-    code, err = build_inprocess(capsys, "--books", bad.parent, "--text", text_file, "--out", out,
-                                *SMALL, "--skip-bad", "--keep-work")
+    code, err = build_inprocess(
+        capsys, "--books", bad.parent, "--text", text_file, "--out", out, *SMALL, "--skip-bad", "--keep-work"
+    )
     assert code == 0, err
     record = json.loads((out / "preprocess.json").read_text())
     assert record["sources"][0]["stats"]["bad_lines_skipped"] == 1
@@ -729,15 +919,40 @@ def test_empty_inputs(tmp_path, capsys):
 
 def test_vocab_size_larger_than_data(tmp_path, capsys, text_file):
     out = tmp_path / "out"
-    code, err = build_inprocess(capsys, "--text", text_file, "--out", out, "--vocab-size", 50000,
-                                "--workers", 1, "--valid-docs", 2, "--test-docs", 2)
-    _assert_clear_error(code, err, out / ".work" / "vocab" / "spm_sample.txt",
-                        "--vocab-size 50000 is larger than this data supports")
+    code, err = build_inprocess(
+        capsys,
+        "--text",
+        text_file,
+        "--out",
+        out,
+        "--vocab-size",
+        50000,
+        "--workers",
+        1,
+        "--valid-docs",
+        2,
+        "--test-docs",
+        2,
+    )
+    _assert_clear_error(
+        code, err, out / ".work" / "vocab" / "spm_sample.txt", "--vocab-size 50000 is larger than this data supports"
+    )
     assert not (out / ".work" / "vocab.done").exists()
     assert not (out / "dict.txt").exists() and not (out / "preprocess.json").exists()
 
 
 def test_too_few_documents(tmp_path, capsys, text_file):
-    code, err = build_inprocess(capsys, "--text", text_file, "--out", tmp_path / "out", "--vocab-size", 300,
-                                "--valid-docs", 30, "--test-docs", 10)
+    code, err = build_inprocess(
+        capsys,
+        "--text",
+        text_file,
+        "--out",
+        tmp_path / "out",
+        "--vocab-size",
+        300,
+        "--valid-docs",
+        30,
+        "--test-docs",
+        10,
+    )
     _assert_clear_error(code, err, text_file, "only 40 documents")

@@ -1,4 +1,5 @@
 """examples/retrieval: search, metrics, significance, BM25, data errors, fine-tuning end to end."""
+
 import json
 import math
 import subprocess
@@ -16,7 +17,12 @@ from examples.retrieval import data as rdata  # noqa: E402
 from examples.retrieval.bm25 import BM25  # noqa: E402
 from examples.retrieval.data import DataFormatError, load_data, write_beir  # noqa: E402
 from examples.retrieval.metrics import (  # noqa: E402
-    compare, evaluate, per_query, permutation_test, read_trec_run, write_trec_run,
+    compare,
+    evaluate,
+    per_query,
+    permutation_test,
+    read_trec_run,
+    write_trec_run,
 )
 from examples.retrieval.search import build_index, search  # noqa: E402
 
@@ -25,10 +31,22 @@ RETRIEVAL = REPO / "examples" / "retrieval"
 
 
 def run_cli(script, *args, timeout=300):
-    env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PATH": "/usr/bin:/bin",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, str(RETRIEVAL / script), *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=timeout, cwd=str(REPO))
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PATH": "/usr/bin:/bin",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    return subprocess.run(
+        [sys.executable, str(RETRIEVAL / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=str(REPO),
+    )
 
 
 def last_json(proc):
@@ -39,6 +57,7 @@ def last_json(proc):
 # ---------------------------------------------------------------------------
 # faiss
 # ---------------------------------------------------------------------------
+
 
 def test_flat_index_equals_numpy_brute_force():
     rng = np.random.default_rng(0)
@@ -72,6 +91,7 @@ def test_approximate_indexes():
 # ---------------------------------------------------------------------------
 # metrics and significance
 # ---------------------------------------------------------------------------
+
 
 def test_metrics_match_hand_computed_values():
     qrels = {"q1": {"d1": 1, "d2": 1, "d9": 0}, "q2": {"d3": 1}, "q3": {"d4": 1}, "q4": {"d5": 0}}
@@ -125,6 +145,7 @@ def test_permutation_test():
 # BM25
 # ---------------------------------------------------------------------------
 
+
 def test_bm25_ranks_the_obvious_passage_first():
     corpus = {
         "cook": "Bread is baked from flour, water, yeast and salt in a hot oven.",
@@ -139,8 +160,12 @@ def test_bm25_ranks_the_obvious_passage_first():
 
 
 def test_bm25_cli_on_beir_folder(tmp_path):
-    folder = write_beir(tmp_path / "b", {"a": "red apples", "b": "green pears", "c": "blue sky"},
-                        {"q1": "red apple", "q2": "the sky"}, {"test": {"q1": {"a": 1}, "q2": {"c": 1}}})
+    folder = write_beir(
+        tmp_path / "b",
+        {"a": "red apples", "b": "green pears", "c": "blue sky"},
+        {"q1": "red apple", "q2": "the sky"},
+        {"test": {"q1": {"a": 1}, "q2": {"c": 1}}},
+    )
     out = last_json(run_cli("bm25.py", "--data", folder, "--split", "test", "--run", tmp_path / "bm25.trec"))
     assert out["MRR@10"] == pytest.approx(1.0) and out["num_queries"] == 2
     assert set(read_trec_run(tmp_path / "bm25.trec")["q2"]) == {"c"}
@@ -150,12 +175,17 @@ def test_bm25_cli_on_beir_folder(tmp_path):
 # data formats
 # ---------------------------------------------------------------------------
 
+
 def _beir(tmp_path, corpus=None, queries=None, qrels=None):
     d = tmp_path / "beir"
     (d / "qrels").mkdir(parents=True)
-    (d / "corpus.jsonl").write_bytes(corpus if isinstance(corpus, bytes) else (corpus or (
-        '{"_id": "d1", "title": "Apples", "text": "red fruit"}\n'
-        '{"_id": "d2", "text": "green fruit"}\n')).encode())
+    (d / "corpus.jsonl").write_bytes(
+        corpus
+        if isinstance(corpus, bytes)
+        else (
+            corpus or ('{"_id": "d1", "title": "Apples", "text": "red fruit"}\n{"_id": "d2", "text": "green fruit"}\n')
+        ).encode()
+    )
     (d / "queries.jsonl").write_text(queries or '{"_id": "q1", "text": "red"}\n{"_id": "q2", "text": "x"}\n')
     (d / "qrels" / "test.tsv").write_text(qrels or "query-id\tcorpus-id\tscore\nq1\td1\t1\n")
     return d
@@ -182,8 +212,10 @@ def test_well_formed_inputs_load(tmp_path):
 BEIR_CASES = [
     ({"corpus": '{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": "b"\n'}, r"corpus\.jsonl:2: invalid JSON"),
     ({"corpus": '{"_id": "d1", "text": "a"}\n\n{"text": "b"}\n'}, r"corpus\.jsonl:3: missing field '_id'"),
-    ({"corpus": '{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n'},
-     r"corpus\.jsonl:2: duplicate document id 'd1' \(first on line 1\)"),
+    (
+        {"corpus": '{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n'},
+        r"corpus\.jsonl:2: duplicate document id 'd1' \(first on line 1\)",
+    ),
     ({"corpus": '{"_id": "d1", "text": 3}\n'}, r"corpus\.jsonl:1: field 'text' must be a string"),
     ({"corpus": b'{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": "\xff"}\n'}, r"corpus\.jsonl:2: not valid UTF-8"),
     ({"queries": '["q1", "red"]\n'}, r"queries\.jsonl:1: expected a JSON object"),
@@ -219,9 +251,11 @@ def test_cli_reports_file_and_line(tmp_path):
     proc = run_cli("bm25.py", "--data", d, "--split", "dev.small")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: {d / 'collection.tsv'}:3: expected 2 tab-separated columns (passage id, text), found 1")
-    proc = run_cli("evaluate.py", "--model", tmp_path / "unused", "--data", _beir(tmp_path, qrels="q1\td1\n"),
-                   "--split", "test")
+        f"error: {d / 'collection.tsv'}:3: expected 2 tab-separated columns (passage id, text), found 1"
+    )
+    proc = run_cli(
+        "evaluate.py", "--model", tmp_path / "unused", "--data", _beir(tmp_path, qrels="q1\td1\n"), "--split", "test"
+    )
     assert proc.returncode == 2 and "test.tsv:1: expected 3 columns" in proc.stderr.splitlines()[-1]
 
 
@@ -251,6 +285,7 @@ def test_derived_retrieval_set(tmp_path):
 # fine-tuning
 # ---------------------------------------------------------------------------
 
+
 def test_no_duplicate_batches():
     from sentence_transformers import InputExample
 
@@ -272,8 +307,11 @@ def test_triplet_loss_is_the_papers_margin_loss():
 
     from examples.retrieval.finetune import neg_dot_distance
 
-    q, p, n = (torch.tensor([[1.0, 2.0], [0.5, 0.0]]), torch.tensor([[1.0, 0.0], [1.0, 1.0]]),
-               torch.tensor([[0.0, 1.0], [-1.0, 0.0]]))
+    q, p, n = (
+        torch.tensor([[1.0, 2.0], [0.5, 0.0]]),
+        torch.tensor([[1.0, 0.0], [1.0, 1.0]]),
+        torch.tensor([[0.0, 1.0], [-1.0, 0.0]]),
+    )
     loss = TripletLoss(model=None, distance_metric=neg_dot_distance, triplet_margin=1.0)
     got = loss.compute_loss_from_embeddings([q, p, n], None)
     # relu(1 - (s(q,d+) - s(q,d-))), s = dot: (1 - (1 - 2)) = 2 and (1 - (0.5 + 0.5)) = 0
@@ -290,22 +328,36 @@ def make_tiny_model(tmp_path):
     raw = tmp_path / "spm"
     raw.mkdir()
     (raw / "text.txt").write_text(DEMO_CORPUS.read_text(encoding="utf-8")[:40000], encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(raw / "text.txt"), model_prefix=str(raw / "sentencepiece.bpe"),
-                                   vocab_size=400, model_type="unigram", minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        input=str(raw / "text.txt"),
+        model_prefix=str(raw / "sentencepiece.bpe"),
+        vocab_size=400,
+        model_type="unigram",
+        minloglevel=2,
+        num_threads=1,
+    )
     tok = XLMRobertaTokenizer.from_pretrained(str(raw))
     torch.manual_seed(0)
     # BERT's 0.02 init maps every text to almost the same [CLS] vector (dot
     # products equal to 1e-5), where the contrastive gradient vanishes; a wider
     # init gives input-dependent [CLS] vectors, as a pre-trained encoder has.
-    cfg = XLMRobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=37, max_position_embeddings=66, initializer_range=0.2)
+    cfg = XLMRobertaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=66,
+        initializer_range=0.2,
+    )
     hf = tmp_path / "hf"
     XLMRobertaModel(cfg).save_pretrained(hf)
     tok.save_pretrained(hf)
     transformer = Transformer(str(hf), max_seq_length=64)
     st = tmp_path / "tiny-st"
-    SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode="cls")],
-                        device="cpu").save(str(st))
+    SentenceTransformer(
+        modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode="cls")], device="cpu"
+    ).save(str(st))
     return st
 
 
@@ -325,19 +377,53 @@ def learnable_set(tmp_path_factory):
     corpus = {f"d{i}": p for i, p in enumerate(paras)}
     queries = {f"q{i}": " ".join(p.split()[:6]) for i, p in enumerate(paras)}
     qrels = {f"q{i}": {f"d{i}": 1} for i in range(len(paras))}
-    return write_beir(tmp_path_factory.mktemp("learnable") / "set", corpus, queries,
-                      {"train": qrels, "dev": qrels, "test": qrels})
+    return write_beir(
+        tmp_path_factory.mktemp("learnable") / "set", corpus, queries, {"train": qrels, "dev": qrels, "test": qrels}
+    )
 
 
 def test_finetune_end_to_end_improves_mrr(tiny_model, learnable_set, tmp_path):
-    before = last_json(run_cli("evaluate.py", "--model", tiny_model, "--data", learnable_set,
-                               "--split", "test", "--run", tmp_path / "before.trec"))
+    before = last_json(
+        run_cli(
+            "evaluate.py",
+            "--model",
+            tiny_model,
+            "--data",
+            learnable_set,
+            "--split",
+            "test",
+            "--run",
+            tmp_path / "before.trec",
+        )
+    )
     out = tmp_path / "ft"
-    ft = last_json(run_cli("finetune.py", "--model", tiny_model, "--data", learnable_set, "--out", out,
-                           "--negatives", "bm25", "--epochs", "10", "--train-batch-size", "8", "--lr", "3e-3",
-                           "--eval-every", "10", "--no-progress"))
-    after = last_json(run_cli("evaluate.py", "--model", out, "--data", learnable_set, "--split", "test",
-                              "--run", tmp_path / "after.trec"))
+    ft = last_json(
+        run_cli(
+            "finetune.py",
+            "--model",
+            tiny_model,
+            "--data",
+            learnable_set,
+            "--out",
+            out,
+            "--negatives",
+            "bm25",
+            "--epochs",
+            "10",
+            "--train-batch-size",
+            "8",
+            "--lr",
+            "3e-3",
+            "--eval-every",
+            "10",
+            "--no-progress",
+        )
+    )
+    after = last_json(
+        run_cli(
+            "evaluate.py", "--model", out, "--data", learnable_set, "--split", "test", "--run", tmp_path / "after.trec"
+        )
+    )
     assert after["MRR@10"] > before["MRR@10"] + 0.1, (before, after)
     assert ft["steps"] == 50 and ft["train_queries"] == 40
     curve = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
@@ -353,8 +439,17 @@ def test_ance_rounds_triplet_and_fraction(tiny_model, learnable_set):
 
     data = load_data(learnable_set, "train")
     model = load_model(tiny_model, "cpu")
-    cfg = FinetuneConfig(negatives="ance", loss="triplet", ance_rounds=2, epochs=1, batch_size=8,
-                         lr=1e-3, train_fraction=0.5, show_progress=False, neg_top_k=5)
+    cfg = FinetuneConfig(
+        negatives="ance",
+        loss="triplet",
+        ance_rounds=2,
+        epochs=1,
+        batch_size=8,
+        lr=1e-3,
+        train_fraction=0.5,
+        show_progress=False,
+        neg_top_k=5,
+    )
     negs = mine_dense(model, data, data.query_ids(), 5, cfg)
     assert all(len(v) == 5 and f"d{q[1:]}" not in v for q, v in negs.items())
     summary = finetune(model, data, cfg, dev=data)

@@ -14,8 +14,20 @@ from helpers import check, cli, run, train_cmd
 SGD_ONE_STEP = [
     # plain SGD with lr 1: the parameter change IS the gradient (Adam's first
     # step would hide any rescaling of the gradient)
-    "--optimizer", "sgd", "--lr", "1.0", "--lr-scheduler", "fixed", "--clip-norm", "0",
-    "--dropout", "0", "--attention-dropout", "0", "--weight-decay", "0",
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "1.0",
+    "--lr-scheduler",
+    "fixed",
+    "--clip-norm",
+    "0",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--weight-decay",
+    "0",
 ]
 
 
@@ -88,10 +100,19 @@ def test_update_freq_gives_the_gradient_of_the_whole_batch(demo_data_bin):
 def straight_run(demo_data_bin, tmp_path_factory):
     """40 uninterrupted updates with --update-freq 2 and a tensorboard log."""
     out = tmp_path_factory.mktemp("straight")
-    proc = check(train_cmd(
-        demo_data_bin, out / "ckpt", "--update-freq", "2", "--tensorboard-logdir", out / "tb",
-        max_update=40, tokens_per_sample=96, batch_size=4,
-    ))
+    proc = check(
+        train_cmd(
+            demo_data_bin,
+            out / "ckpt",
+            "--update-freq",
+            "2",
+            "--tensorboard-logdir",
+            out / "tb",
+            max_update=40,
+            tokens_per_sample=96,
+            batch_size=4,
+        )
+    )
     return out, _log_records(proc.stderr + proc.stdout)
 
 
@@ -113,8 +134,9 @@ def test_plain_torch_load_stays_safe(straight_run):
     ckpt = out / "ckpt" / "checkpoint_last.pt"
     import pickle
 
-    import seed_fairseq  # noqa: F401
     from fairseq import checkpoint_utils
+
+    import seed_fairseq  # noqa: F401
 
     with pytest.raises(pickle.UnpicklingError):
         torch.load(ckpt)
@@ -127,8 +149,17 @@ def test_dictionary_mismatch_on_resume_is_clear(straight_run, tmp_path):
     data.mkdir()
     with open(data / "dict.txt", "w") as f:
         f.writelines(f"x{i} 1\n" for i in range(50))
-    proc = run(train_cmd(data, tmp_path / "ckpt", "--restore-file", out / "ckpt" / "checkpoint_last.pt",
-                         "--reset-optimizer", "--reset-dataloader", max_update=1))
+    proc = run(
+        train_cmd(
+            data,
+            tmp_path / "ckpt",
+            "--restore-file",
+            out / "ckpt" / "checkpoint_last.pt",
+            "--reset-optimizer",
+            "--reset-dataloader",
+            max_update=1,
+        )
+    )
     assert proc.returncode != 0
     assert "dictionary size mismatch" in proc.stderr
 
@@ -137,14 +168,17 @@ def test_dictionary_mismatch_on_resume_is_clear(straight_run, tmp_path):
 # dropping the decoder
 # ---------------------------------------------------------------------------
 
+
 def test_drop_decoder_rejects_other_checkpoints(straight_run, tmp_path):
     out, _ = straight_run
     check([cli("seed-drop-decoder"), out / "ckpt" / "checkpoint_last.pt", tmp_path / "encoder.pt"])
     # a stock RoBERTa checkpoint has no decoder to drop
     proc = run([cli("seed-drop-decoder"), tmp_path / "encoder.pt", tmp_path / "again.pt"])
     assert proc.returncode == 2
-    assert f"{tmp_path}/encoder.pt: expected a checkpoint of one of this plugin's pre-training models, " \
-           "got model/arch 'roberta'" in proc.stderr
+    assert (
+        f"{tmp_path}/encoder.pt: expected a checkpoint of one of this plugin's pre-training models, "
+        "got model/arch 'roberta'" in proc.stderr
+    )
     # not a checkpoint at all
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     proc = run([cli("seed-drop-decoder"), tmp_path / "junk.pt", tmp_path / "again.pt"])

@@ -4,6 +4,7 @@
 
 prints the metrics as one JSON object on its last line.
 """
+
 import argparse
 import json
 import sys
@@ -16,7 +17,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.retrieval.common import (  # noqa: E402
-    OutputError, nonneg_float, positive_int, report, unit_interval,
+    OutputError,
+    nonneg_float,
+    positive_int,
+    report,
+    unit_interval,
 )
 from examples.retrieval.data import DataFormatError, load_data  # noqa: E402
 from examples.retrieval.metrics import check_run_output, evaluate, write_trec_run  # noqa: E402
@@ -30,16 +35,21 @@ class BM25:
     vocabulary), and every query then retrieves nothing.
     """
 
-    def __init__(self, corpus: Dict[str, str], k1: float = 0.9, b: float = 0.4,
-                 stopwords: Optional[str] = "en", show_progress: bool = False):
+    def __init__(
+        self,
+        corpus: Dict[str, str],
+        k1: float = 0.9,
+        b: float = 0.4,
+        stopwords: Optional[str] = "en",
+        show_progress: bool = False,
+    ):
         if not corpus:
             raise ValueError("BM25 needs at least one document: the corpus is empty")
         self.doc_ids: List[str] = list(corpus)
         self.stopwords = stopwords
         self.show_progress = show_progress
         self.model = bm25s.BM25(k1=k1, b=b, method="lucene")
-        tokens = bm25s.tokenize([corpus[d] for d in self.doc_ids], stopwords=stopwords,
-                                show_progress=show_progress)
+        tokens = bm25s.tokenize([corpus[d] for d in self.doc_ids], stopwords=stopwords, show_progress=show_progress)
         self.has_terms = bool(tokens.vocab)
         if self.has_terms:
             self.model.index(tokens, show_progress=show_progress)
@@ -57,8 +67,9 @@ class BM25:
         if not qids or not self.has_terms:
             return {q: {} for q in qids}
         # strings, not ids: ids from a second tokenize() call would use a new vocabulary
-        q_tokens = bm25s.tokenize([queries[q] for q in qids], stopwords=self.stopwords,
-                                  return_ids=False, show_progress=False)
+        q_tokens = bm25s.tokenize(
+            [queries[q] for q in qids], stopwords=self.stopwords, return_ids=False, show_progress=False
+        )
         docs, scores = self.model.retrieve(q_tokens, k=k, show_progress=self.show_progress, n_threads=1)
         run: Dict[str, Dict[str, float]] = {}
         for qid, drow, srow in zip(qids, docs, scores):
@@ -82,8 +93,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         bm25 = BM25(data.corpus, k1=args.k1, b=args.b, show_progress=True)
         if not bm25.has_terms:
             # every metric would be 0 for a reason that has nothing to do with BM25
-            raise DataFormatError(data.corpus_path, None, "no document has an indexable term "
-                                                          "(every text is empty or only stop words)")
+            raise DataFormatError(
+                data.corpus_path, None, "no document has an indexable term (every text is empty or only stop words)"
+            )
         run = bm25.retrieve({q: data.queries[q] for q in data.query_ids()}, k=args.k)
         metrics = evaluate(data.qrels, run)
         if args.run:

@@ -7,6 +7,7 @@ status 2; every output file is written under a temporary name beside it and
 renamed into place; a tool replaces or deletes only what its own record says
 it wrote.
 """
+
 import argparse
 import importlib.util
 import math
@@ -116,12 +117,13 @@ def report(error: object) -> int:
 # argparse types: a bad value is an argparse error (usage + one error line, exit 2)
 # ---------------------------------------------------------------------------
 
+
 def _number(kind: type, check: Callable[[float], bool], wanted: str) -> Callable[[str], float]:
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         # float("nan") parses; NaN fails every comparison and would slip through
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
@@ -136,9 +138,8 @@ def _number(kind: type, check: Callable[[float], bool], wanted: str) -> Callable
 positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
 nonneg_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 # numpy's seeding accepts 0 .. 2**32 - 1 only; a negative seed would be a traceback
-seed_int = _number(int, lambda v: 0 <= v < 2 ** 32, "a seed in [0, 2**32)")
+seed_int = _number(int, lambda v: 0 <= v < 2**32, "a seed in [0, 2**32)")
 positive_float = _number(float, lambda v: v > 0, "a number > 0")
 nonneg_float = _number(float, lambda v: v >= 0, "a number >= 0")
 fraction = _number(float, lambda v: 0 < v <= 1, "in (0, 1]")
 unit_interval = _number(float, lambda v: 0 <= v <= 1, "in [0, 1]")
-

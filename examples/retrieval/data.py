@@ -17,6 +17,7 @@ Every malformed line raises :class:`DataFormatError`, whose message starts with
 inputs that would make every result meaningless: an empty corpus or queries
 file, a split with no relevant judgement, a judgement given twice.
 """
+
 import json
 import math
 import random
@@ -73,8 +74,12 @@ class RetrievalData:
             corpus=self.corpus,
             queries={q: t for q, t in self.queries.items() if q in keep},
             qrels={q: r for q, r in self.qrels.items() if q in keep},
-            name=self.name, split=self.split, missing_docs=self.missing_docs,
-            folder=self.folder, corpus_path=self.corpus_path, qrels_path=self.qrels_path,
+            name=self.name,
+            split=self.split,
+            missing_docs=self.missing_docs,
+            folder=self.folder,
+            corpus_path=self.corpus_path,
+            qrels_path=self.qrels_path,
         )
 
 
@@ -109,8 +114,11 @@ def _check_id(value: str, path: Path, lineno: int, what: str) -> str:
     if not value:
         raise DataFormatError(path, lineno, f"empty {what} id")
     if any(c.isspace() for c in value):
-        raise DataFormatError(path, lineno, f"{what} id {value!r} contains whitespace "
-                                            "(TREC run and qrels files separate columns by whitespace)")
+        raise DataFormatError(
+            path,
+            lineno,
+            f"{what} id {value!r} contains whitespace (TREC run and qrels files separate columns by whitespace)",
+        )
     return value
 
 
@@ -194,7 +202,8 @@ def _read_qrels(path: Path) -> Tuple[Dict[str, Dict[str, int]], Dict[str, int]]:
             qid, _, did, rel = cols
         else:
             raise DataFormatError(
-                path, lineno,
+                path,
+                lineno,
                 f"expected 3 columns (query-id, corpus-id, score) or 4 (qid, 0, docid, rel), found {len(cols)}",
             )
         if lineno == 1 and qid.lower() in ("query-id", "query_id", "qid") and not _is_int(rel):
@@ -208,8 +217,11 @@ def _read_qrels(path: Path) -> Tuple[Dict[str, Dict[str, int]], Dict[str, int]]:
         # a second judgement of the same pair would silently replace the first
         # (e.g. "1" then "0" drops the query from the metrics): refuse, as for ids
         if (qid, did) in pair_line:
-            raise DataFormatError(path, lineno, f"duplicate judgement of query {qid!r} and document {did!r} "
-                                                f"(first on line {pair_line[qid, did]})")
+            raise DataFormatError(
+                path,
+                lineno,
+                f"duplicate judgement of query {qid!r} and document {did!r} (first on line {pair_line[qid, did]})",
+            )
         pair_line[qid, did] = lineno
         qrels.setdefault(qid, {})[did] = int(rel)
         first_line.setdefault(qid, lineno)
@@ -231,19 +243,37 @@ def _join(corpus, queries, qrels, first_line, qrels_path, name, split, folder, c
     # Metrics average over the queries with a relevant document; with none of
     # them every metric would print as 0.0, which looks like a (bad) result.
     if not qrels:
-        raise DataFormatError(qrels_path, None, "no judgements in the file (it is empty or only a header): "
-                                                "nothing to evaluate or train on")
+        raise DataFormatError(
+            qrels_path,
+            None,
+            "no judgements in the file (it is empty or only a header): nothing to evaluate or train on",
+        )
     if not any(r > 0 for rels in qrels.values() for r in rels.values()):
-        raise DataFormatError(qrels_path, None, "no judgement has a score > 0, so no query has a relevant "
-                                                "document: nothing to evaluate or train on")
+        raise DataFormatError(
+            qrels_path,
+            None,
+            "no judgement has a score > 0, so no query has a relevant document: nothing to evaluate or train on",
+        )
     missing = sum(1 for rels in qrels.values() for d in rels if d not in corpus)
     if missing:
-        print(f"warning: {qrels_path}: {missing} judged documents are not in the corpus "
-              "(kept for the metrics, skipped as training positives)", file=sys.stderr)
+        print(
+            f"warning: {qrels_path}: {missing} judged documents are not in the corpus "
+            "(kept for the metrics, skipped as training positives)",
+            file=sys.stderr,
+        )
     # only judged queries: BEIR keeps every split's queries in one file
     queries = {q: t for q, t in queries.items() if q in qrels}
-    return RetrievalData(corpus, queries, qrels, name=name, split=split, missing_docs=missing,
-                         folder=str(folder), corpus_path=str(corpus_path), qrels_path=str(qrels_path))
+    return RetrievalData(
+        corpus,
+        queries,
+        qrels,
+        name=name,
+        split=split,
+        missing_docs=missing,
+        folder=str(folder),
+        corpus_path=str(corpus_path),
+        qrels_path=str(qrels_path),
+    )
 
 
 def load_beir(folder, split: str) -> RetrievalData:
@@ -252,8 +282,7 @@ def load_beir(folder, split: str) -> RetrievalData:
     queries = _read_jsonl(folder / "queries.jsonl", "query", ("text",))
     qrels_path = folder / "qrels" / f"{split}.tsv"
     qrels, first_line = _read_qrels(qrels_path)
-    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder,
-                 folder / "corpus.jsonl")
+    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder, folder / "corpus.jsonl")
 
 
 def load_msmarco(folder, split: str) -> RetrievalData:
@@ -262,8 +291,7 @@ def load_msmarco(folder, split: str) -> RetrievalData:
     queries = _read_tsv2(folder / f"queries.{split}.tsv", "query")
     qrels_path = folder / f"qrels.{split}.tsv"
     qrels, first_line = _read_qrels(qrels_path)
-    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder,
-                 folder / "collection.tsv")
+    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder, folder / "collection.tsv")
 
 
 def detect_format(folder) -> str:
@@ -282,9 +310,13 @@ def load_data(folder, split: str) -> RetrievalData:
     return load_beir(folder, split) if detect_format(folder) == "beir" else load_msmarco(folder, split)
 
 
-def write_beir(folder, corpus: Dict[str, str], queries: Dict[str, str],
-               qrels_by_split: Dict[str, Dict[str, Dict[str, int]]],
-               titles: Optional[Dict[str, str]] = None) -> Path:
+def write_beir(
+    folder,
+    corpus: Dict[str, str],
+    queries: Dict[str, str],
+    qrels_by_split: Dict[str, Dict[str, Dict[str, int]]],
+    titles: Optional[Dict[str, str]] = None,
+) -> Path:
     """Write a BEIR folder (used for the retrieval set derived from raw text).
 
     Each file is written atomically; callers that need the folder as a whole to
@@ -327,6 +359,7 @@ def subsample(ids: Sequence[str], fraction: float, seed: int) -> List[str]:
 # A retrieval set derived from raw text (used by examples/reproduce_small.py)
 # ---------------------------------------------------------------------------
 
+
 def split_sentences(paragraph: str) -> List[str]:
     import re
 
@@ -340,8 +373,9 @@ class DerivedSetStats:
     queries: Dict[str, int] = field(default_factory=dict)
 
 
-def derive_retrieval_set(text_file, out_dir, seed: int = 1, dev_fraction: float = 0.15,
-                         test_fraction: float = 0.35, min_sentences: int = 3) -> DerivedSetStats:
+def derive_retrieval_set(
+    text_file, out_dir, seed: int = 1, dev_fraction: float = 0.15, test_fraction: float = 0.35, min_sentences: int = 3
+) -> DerivedSetStats:
     """Sentence -> source-paragraph retrieval from a fairseq-style text file.
 
     Input: one paragraph per line, documents separated by blank lines.
@@ -375,8 +409,7 @@ def derive_retrieval_set(text_file, out_dir, seed: int = 1, dev_fraction: float 
                 qid = f"q{d}p{p}"
                 queries[qid] = sents[k]
                 qrels[split_of[d]][qid] = {pid: 1}
-                sents = sents[:k] + sents[k + 1:]
+                sents = sents[:k] + sents[k + 1 :]
             corpus[pid] = " ".join(sents)
     write_beir(out_dir, corpus, queries, qrels)
-    return DerivedSetStats(documents=len(docs), passages=len(corpus),
-                           queries={s: len(q) for s, q in qrels.items()})
+    return DerivedSetStats(documents=len(docs), passages=len(corpus), queries={s: len(q) for s, q in qrels.items()})

@@ -39,6 +39,7 @@ AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
 ``SentenceTransformerTrainer``, which would add the ``datasets`` and
 ``accelerate`` packages for no gain here.
 """
+
 import argparse
 import json
 import math
@@ -60,8 +61,20 @@ if __package__ in (None, ""):
 
 from examples.retrieval.bm25 import BM25  # noqa: E402
 from examples.retrieval.common import (  # noqa: E402
-    OutputError, apply_umask, check_output_dir, check_parents, fraction, nonneg_float, nonneg_int,
-    positive_float, positive_int, replace_dir, report, seed_int, temp_dir_beside, unit_interval,
+    OutputError,
+    apply_umask,
+    check_output_dir,
+    check_parents,
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    replace_dir,
+    report,
+    seed_int,
+    temp_dir_beside,
+    unit_interval,
     write_json_atomic,
 )
 from examples.retrieval.data import DataFormatError, RetrievalData, load_data, subsample  # noqa: E402
@@ -110,22 +123,42 @@ class FinetuneConfig:
             raise ValueError("--loss triplet needs --num-negatives >= 1")
         if self.ance_first not in ("dense", "bm25"):
             raise ValueError(f"ance_first must be dense or bm25, got {self.ance_first!r}")
-        at_least = {"batch_size": 1, "epochs": 1, "neg_top_k": 1, "ance_rounds": 1, "eval_k": 1,
-                    "encode_batch_size": 1, "num_negatives": 0, "eval_every": 0}
+        at_least = {
+            "batch_size": 1,
+            "epochs": 1,
+            "neg_top_k": 1,
+            "ance_rounds": 1,
+            "eval_k": 1,
+            "encode_batch_size": 1,
+            "num_negatives": 0,
+            "eval_every": 0,
+        }
         for name, low in at_least.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        ranges = {"train_fraction": (0, 1, False), "lr": (0, math.inf, False), "scale": (0, math.inf, False),
-                  "max_grad_norm": (0, math.inf, False), "warmup_ratio": (0, 1, True),
-                  "weight_decay": (0, math.inf, True), "margin": (0, math.inf, True)}
+        ranges = {
+            "train_fraction": (0, 1, False),
+            "lr": (0, math.inf, False),
+            "scale": (0, math.inf, False),
+            "max_grad_norm": (0, math.inf, False),
+            "warmup_ratio": (0, 1, True),
+            "weight_decay": (0, math.inf, True),
+            "margin": (0, math.inf, True),
+        }
         for name, (low, high, low_ok) in ranges.items():
             value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and math.isfinite(value) and value <= high and (
-                value >= low if low_ok else value > low)
+            ok = (
+                isinstance(value, (int, float))
+                and math.isfinite(value)
+                and value <= high
+                and (value >= low if low_ok else value > low)
+            )
             if not ok:
-                raise ValueError(f"{name} must be a finite number {'>=' if low_ok else '>'} {low}"
-                                 f"{'' if high == math.inf else f' and <= {high}'}, got {value!r}")
+                raise ValueError(
+                    f"{name} must be a finite number {'>=' if low_ok else '>'} {low}"
+                    f"{'' if high == math.inf else f' and <= {high}'}, got {value!r}"
+                )
 
 
 def neg_dot_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -191,16 +224,24 @@ class CurveEvaluator:
         self.history: List[dict] = []
 
     def __call__(self, model, output_path=None, epoch: int = -1, steps: int = -1) -> float:
-        step = self.offset + (epoch * self.steps_per_epoch + steps if steps >= 0
-                              else (epoch + 1) * self.steps_per_epoch)
+        step = self.offset + (
+            epoch * self.steps_per_epoch + steps if steps >= 0 else (epoch + 1) * self.steps_per_epoch
+        )
         return self.evaluate_at(model, step)
 
     def evaluate_at(self, model, step: int) -> float:
         if step == self.last_step:
             return self.history[-1]["MRR@10"]
-        metrics, _ = evaluate_model(model, self.dev, k=self.cfg.eval_k, batch_size=self.cfg.encode_batch_size,
-                                    precision=self.cfg.precision, index=self.cfg.index,
-                                    show_progress=False, **self.index_kw)
+        metrics, _ = evaluate_model(
+            model,
+            self.dev,
+            k=self.cfg.eval_k,
+            batch_size=self.cfg.encode_batch_size,
+            precision=self.cfg.precision,
+            index=self.cfg.index,
+            show_progress=False,
+            **self.index_kw,
+        )
         row = {"step": step, "round": self.round, **{m: metrics[m] for m in CURVE_METRICS}}
         self.history.append(row)
         self.last_step = step
@@ -218,10 +259,18 @@ def mine_bm25(data: RetrievalData, qids: Sequence[str], k: int) -> Dict[str, Lis
     return {q: _ranked_non_positives(run.get(q, {}), data.qrels.get(q, {}), k) for q in qids}
 
 
-def mine_dense(model, data: RetrievalData, qids: Sequence[str], k: int, cfg: FinetuneConfig,
-               **index_kw) -> Dict[str, List[str]]:
-    retriever = DenseRetriever(model, data.corpus, batch_size=cfg.encode_batch_size, precision=cfg.precision,
-                               index=cfg.index, show_progress=cfg.show_progress, **index_kw)
+def mine_dense(
+    model, data: RetrievalData, qids: Sequence[str], k: int, cfg: FinetuneConfig, **index_kw
+) -> Dict[str, List[str]]:
+    retriever = DenseRetriever(
+        model,
+        data.corpus,
+        batch_size=cfg.encode_batch_size,
+        precision=cfg.precision,
+        index=cfg.index,
+        show_progress=cfg.show_progress,
+        **index_kw,
+    )
     run = retriever.retrieve({q: data.queries[q] for q in qids}, k=k + 10)
     return {q: _ranked_non_positives(run.get(q, {}), data.qrels.get(q, {}), k) for q in qids}
 
@@ -247,8 +296,9 @@ def negatives_per_query(data: RetrievalData, qids: Sequence[str], cfg: FinetuneC
     return {q: min(cfg.num_negatives, unjudged_count(data, q)) for q in qids}
 
 
-def check_training_data(data: RetrievalData, cfg: FinetuneConfig, qids: Optional[Sequence[str]] = None,
-                        log: bool = True) -> List[str]:
+def check_training_data(
+    data: RetrievalData, cfg: FinetuneConfig, qids: Optional[Sequence[str]] = None, log: bool = True
+) -> List[str]:
     """The training queries (with a positive in the corpus), or a :class:`DataFormatError`
     naming the data when the loss could not get a single negative.
 
@@ -259,35 +309,48 @@ def check_training_data(data: RetrievalData, cfg: FinetuneConfig, qids: Optional
     if qids is None:
         qids = [q for q in data.query_ids() if data.positives(q)]
     if not qids:
-        raise DataFormatError(data.qrels_path or where, None,
-                              f"no training query of split {data.split!r} has a relevant document that is in "
-                              f"the corpus ({data.missing_docs} judged documents are missing from it)")
+        raise DataFormatError(
+            data.qrels_path or where,
+            None,
+            f"no training query of split {data.split!r} has a relevant document that is in "
+            f"the corpus ({data.missing_docs} judged documents are missing from it)",
+        )
     counts = negatives_per_query(data, qids, cfg)
     n_docs = len(data.corpus)
     if cfg.loss == "triplet" and not any(counts.values()):
-        raise DataFormatError(where, None, f"no negatives possible: each of the {n_docs} corpus documents is "
-                                           "judged for every training query, and --loss triplet needs a "
-                                           "document that is not judged for the query")
+        raise DataFormatError(
+            where,
+            None,
+            f"no negatives possible: each of the {n_docs} corpus documents is "
+            "judged for every training query, and --loss triplet needs a "
+            "document that is not judged for the query",
+        )
     if cfg.loss == "mnrl" and not any(counts.values()):
         # no hard negative anywhere: only in-batch negatives, i.e. other queries'
         # positives, and a batch never holds the same text twice
         distinct = {data.corpus[d].strip().lower() for q in qids for d in data.positives(q)}
         if len(distinct) < 2:
-            raise DataFormatError(where, None, f"no negatives possible: the corpus has {n_docs} document(s), "
-                                               "each judged for every training query, and every training query "
-                                               "has the same positive passage, so the loss has nothing to rank "
-                                               "it against")
+            raise DataFormatError(
+                where,
+                None,
+                f"no negatives possible: the corpus has {n_docs} document(s), "
+                "each judged for every training query, and every training query "
+                "has the same positive passage, so the loss has nothing to rank "
+                "it against",
+            )
     short = [q for q in qids if counts[q] < cfg.num_negatives] if cfg.negatives != "none" else []
     if short and log:
         fewest = min(counts[q] for q in short)
-        print(f"note: {where}: {len(short)} of {len(qids)} training queries have fewer than {cfg.num_negatives} "
-              f"unjudged documents in the corpus ({n_docs} documents), so they get fewer hard negatives "
-              f"(as few as {fewest}, e.g. query {short[0]!r})", file=sys.stderr)
+        print(
+            f"note: {where}: {len(short)} of {len(qids)} training queries have fewer than {cfg.num_negatives} "
+            f"unjudged documents in the corpus ({n_docs} documents), so they get fewer hard negatives "
+            f"(as few as {fewest}, e.g. query {short[0]!r})",
+            file=sys.stderr,
+        )
     return list(qids)
 
 
-def sample_negatives(pool: Sequence[str], doc_ids: Sequence[str], judged, want: int,
-                     rng: random.Random) -> List[str]:
+def sample_negatives(pool: Sequence[str], doc_ids: Sequence[str], judged, want: int, rng: random.Random) -> List[str]:
     """``want`` distinct documents, none judged for the query: from the mined
     ``pool`` first, then at random from the whole corpus.  Fewer only if the
     corpus has fewer; ``want`` must not exceed what it has (see
@@ -314,8 +377,13 @@ def sample_negatives(pool: Sequence[str], doc_ids: Sequence[str], judged, want: 
     return negs
 
 
-def build_examples(data: RetrievalData, qids: Sequence[str], negatives: Optional[Dict[str, List[str]]],
-                   cfg: FinetuneConfig, rng: random.Random):
+def build_examples(
+    data: RetrievalData,
+    qids: Sequence[str],
+    negatives: Optional[Dict[str, List[str]]],
+    cfg: FinetuneConfig,
+    rng: random.Random,
+):
     """InputExamples: (query, positive, hard negatives...) for MNRL, one
     (query, positive, negative) triplet per negative for the triplet loss.
 
@@ -358,8 +426,14 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-def finetune(model, train: RetrievalData, cfg: FinetuneConfig, dev: Optional[RetrievalData] = None,
-             curve_path: Optional[Path] = None, **index_kw) -> dict:
+def finetune(
+    model,
+    train: RetrievalData,
+    cfg: FinetuneConfig,
+    dev: Optional[RetrievalData] = None,
+    curve_path: Optional[Path] = None,
+    **index_kw,
+) -> dict:
     """Fine-tune ``model`` (a SentenceTransformer) in place; returns a summary."""
     from torch.utils.data import DataLoader
 
@@ -410,8 +484,13 @@ def finetune(model, train: RetrievalData, cfg: FinetuneConfig, dev: Optional[Ret
             save_best_model=False,
         )
         total_steps += steps
-    return {"train_queries": len(qids), "train_examples_last_round": n_examples, "steps": total_steps,
-            "rounds": rounds, "curve": evaluator.history if evaluator else []}
+    return {
+        "train_queries": len(qids),
+        "train_examples_last_round": n_examples,
+        "steps": total_steps,
+        "rounds": rounds,
+        "curve": evaluator.history if evaluator else [],
+    }
 
 
 def is_finetune_record(path: Path) -> bool:
@@ -438,11 +517,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--model", required=True, help="exported HF / sentence-transformers folder to start from")
     p.add_argument("--data", required=True, help="BEIR or MS MARCO folder")
     p.add_argument("--split", default="train")
-    p.add_argument("--out", required=True,
-                   help="where the fine-tuned sentence-transformers model goes: a new or empty folder, or an "
-                        "earlier output of this tool (it has finetune.json), which is replaced")
-    p.add_argument("--dev-split", default=None,
-                   help="split for the dev curve (default with --eval-every: 'dev' if the folder has it)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="where the fine-tuned sentence-transformers model goes: a new or empty folder, or an "
+        "earlier output of this tool (it has finetune.json), which is replaced",
+    )
+    p.add_argument(
+        "--dev-split",
+        default=None,
+        help="split for the dev curve (default with --eval-every: 'dev' if the folder has it)",
+    )
     d = FinetuneConfig()
     p.add_argument("--negatives", choices=("bm25", "ance", "none"), default=d.negatives)
     p.add_argument("--loss", choices=("mnrl", "triplet"), default=d.loss)
@@ -453,29 +538,55 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--epochs", type=positive_int, default=d.epochs, help="epochs (per round with --negatives ance)")
     p.add_argument("--warmup-ratio", type=unit_interval, default=d.warmup_ratio)
     p.add_argument("--weight-decay", type=nonneg_float, default=d.weight_decay)
-    p.add_argument("--num-negatives", type=nonneg_int, default=d.num_negatives,
-                   help="hard negatives per query (fewer, with a note, when the corpus has fewer unjudged documents)")
-    p.add_argument("--neg-top-k", type=positive_int, default=d.neg_top_k,
-                   help="sample hard negatives from this top-k")
+    p.add_argument(
+        "--num-negatives",
+        type=nonneg_int,
+        default=d.num_negatives,
+        help="hard negatives per query (fewer, with a note, when the corpus has fewer unjudged documents)",
+    )
+    p.add_argument("--neg-top-k", type=positive_int, default=d.neg_top_k, help="sample hard negatives from this top-k")
     p.add_argument("--ance-rounds", type=positive_int, default=d.ance_rounds)
-    p.add_argument("--ance-first", choices=("dense", "bm25"), default=d.ance_first,
-                   help="negatives of the first ANCE round: the starting model's own top-k, or BM25")
+    p.add_argument(
+        "--ance-first",
+        choices=("dense", "bm25"),
+        default=d.ance_first,
+        help="negatives of the first ANCE round: the starting model's own top-k, or BM25",
+    )
     p.add_argument("--margin", type=nonneg_float, default=d.margin, help="triplet margin")
     p.add_argument("--scale", type=positive_float, default=d.scale, help="MNRL logit scale (1 = raw dot product)")
-    p.add_argument("--eval-every", type=nonneg_int, default=0,
-                   help="dev metrics every N steps within an epoch (0: step 0 and epoch ends only)")
+    p.add_argument(
+        "--eval-every",
+        type=nonneg_int,
+        default=0,
+        help="dev metrics every N steps within an epoch (0: step 0 and epoch ends only)",
+    )
     p.add_argument("--eval-k", type=positive_int, default=d.eval_k)
     p.add_argument("--no-progress", action="store_true")
     add_search_args(p)
     args = p.parse_args(argv)
 
     cfg = FinetuneConfig(
-        negatives=args.negatives, loss=args.loss, train_fraction=args.train_fraction, seed=args.seed,
-        batch_size=args.train_batch_size, lr=args.lr, epochs=args.epochs, warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay, num_negatives=args.num_negatives, neg_top_k=args.neg_top_k,
-        ance_rounds=args.ance_rounds, ance_first=args.ance_first, margin=args.margin, scale=args.scale,
-        eval_every=args.eval_every, eval_k=args.eval_k, encode_batch_size=args.batch_size,
-        precision=args.precision, index=args.index, show_progress=not args.no_progress,
+        negatives=args.negatives,
+        loss=args.loss,
+        train_fraction=args.train_fraction,
+        seed=args.seed,
+        batch_size=args.train_batch_size,
+        lr=args.lr,
+        epochs=args.epochs,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        num_negatives=args.num_negatives,
+        neg_top_k=args.neg_top_k,
+        ance_rounds=args.ance_rounds,
+        ance_first=args.ance_first,
+        margin=args.margin,
+        scale=args.scale,
+        eval_every=args.eval_every,
+        eval_k=args.eval_k,
+        encode_batch_size=args.batch_size,
+        precision=args.precision,
+        index=args.index,
+        show_progress=not args.no_progress,
     )
     try:
         cfg.validate()  # flag combinations (e.g. --loss triplet --negatives none)
@@ -486,8 +597,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(os.path.abspath(args.out))
     dev_split = args.dev_split
     # dev evaluation re-encodes the whole corpus: only when a curve is asked for
-    if dev_split is None and args.eval_every > 0 and (
-            (data_dir / "qrels" / "dev.tsv").is_file() or (data_dir / "qrels.dev.tsv").is_file()):
+    if (
+        dev_split is None
+        and args.eval_every > 0
+        and ((data_dir / "qrels" / "dev.tsv").is_file() or (data_dir / "qrels.dev.tsv").is_file())
+    ):
         dev_split = "dev"
     t0 = time.time()
     staging, created = None, []
@@ -499,19 +613,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         train = load_data(data_dir, args.split)
         dev = load_data(data_dir, dev_split) if dev_split else None
         qids = [q for q in train.query_ids() if train.positives(q)]
-        check_training_data(train, cfg, subsample(qids, cfg.train_fraction, cfg.seed) if qids else qids,
-                            log=False)
+        check_training_data(train, cfg, subsample(qids, cfg.train_fraction, cfg.seed) if qids else qids, log=False)
         model = load_model(args.model, args.device, args.max_seq_length)
         # The model folder is built under a temporary name beside OUT and renamed
         # over it when complete: a kill leaves OUT as it was, and never half-written.
         created = _make_parents(out.parent)
         staging = temp_dir_beside(out)
-        summary = finetune(model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None,
-                           **index_kwargs(args))
+        summary = finetune(
+            model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None, **index_kwargs(args)
+        )
         model.save(str(staging))
         apply_umask(staging)
-        summary.update(tool=TOOL, config=asdict(cfg), model=str(args.model), data=str(data_dir),
-                       split=args.split, dev_split=dev_split, seconds=round(time.time() - t0, 1))
+        summary.update(
+            tool=TOOL,
+            config=asdict(cfg),
+            model=str(args.model),
+            data=str(data_dir),
+            split=args.split,
+            dev_split=dev_split,
+            seconds=round(time.time() - t0, 1),
+        )
         write_json_atomic(staging / RECORD, summary)  # the record last: its presence means complete
         # OUT may have changed during training: check again right before replacing it
         check_output_dir(out, RECORD, "finetune.py", is_own=is_finetune_record)
@@ -528,9 +649,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                 except OSError:
                     break
     last = summary["curve"][-1] if summary["curve"] else {}
-    print(json.dumps({"out": str(args.out), "steps": summary["steps"], "train_queries": summary["train_queries"],
-                      **{k: v for k, v in last.items() if k in CURVE_METRICS}}))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "steps": summary["steps"],
+                "train_queries": summary["train_queries"],
+                **{k: v for k, v in last.items() if k in CURVE_METRICS},
+            }
+        )
+    )
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,6 +5,7 @@
 prints the metrics of A (and B, and the two-sided p-value of A vs B per
 metric) as one JSON object on its last line.
 """
+
 import argparse
 import json
 import math
@@ -19,7 +20,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.retrieval.common import (  # noqa: E402
-    OutputError, atomic_path, check_parents, positive_int, report, seed_int,
+    OutputError,
+    atomic_path,
+    check_parents,
+    positive_int,
+    report,
+    seed_int,
 )
 from examples.retrieval.data import DataFormatError  # noqa: E402
 
@@ -72,8 +78,7 @@ def evaluate(qrels: Qrels, run: Run, names: Sequence[str] = tuple(MEASURES)) -> 
     return aggregate(per_query(qrels, run, names))
 
 
-def permutation_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 10000,
-                     seed: int = 0) -> float:
+def permutation_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 10000, seed: int = 0) -> float:
     """Two-sided paired randomisation test on the mean difference.
 
     The IR test of Smucker, Allan & Carterette (CIKM 2007) that the paper used:
@@ -98,7 +103,7 @@ def permutation_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 
     # tolerance: float sums in a different order must not turn a tie into "less extreme"
     tol = 1e-12 * max(1.0, np.abs(d).max())
     if n <= 16:
-        patterns = ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1) * 2 - 1
+        patterns = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
         stats = np.abs(patterns @ d) / n
         return float(np.mean(stats >= observed - tol))
     rng = np.random.default_rng(seed)
@@ -111,8 +116,14 @@ def permutation_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 
     return (hits + 1) / (n_resamples + 1)
 
 
-def compare(qrels: Qrels, run_a: Run, run_b: Run, names: Sequence[str] = tuple(MEASURES),
-            n_resamples: int = 10000, seed: int = 0) -> Dict[str, float]:
+def compare(
+    qrels: Qrels,
+    run_a: Run,
+    run_b: Run,
+    names: Sequence[str] = tuple(MEASURES),
+    n_resamples: int = 10000,
+    seed: int = 0,
+) -> Dict[str, float]:
     """p-value of A vs B for each metric, paired over the judged queries."""
     va, vb = per_query(qrels, run_a, names), per_query(qrels, run_b, names)
     out = {}
@@ -125,6 +136,7 @@ def compare(qrels: Qrels, run_a: Run, run_b: Run, names: Sequence[str] = tuple(M
 # ---------------------------------------------------------------------------
 # TREC run files
 # ---------------------------------------------------------------------------
+
 
 def _trec_line_problem(line: str) -> Optional[str]:
     """None for a valid ``qid Q0 docid rank score tag`` line, else what is wrong."""
@@ -192,8 +204,11 @@ def check_run_output(path) -> Path:
     if not path.is_file():
         raise OutputError(path, "exists and is not a regular file; refusing to replace it")
     if not is_trec_run(path):
-        raise OutputError(path, "exists and is not a TREC run file (qid Q0 docid rank score tag); "
-                                "refusing to overwrite it: choose another --run")
+        raise OutputError(
+            path,
+            "exists and is not a TREC run file (qid Q0 docid rank score tag); "
+            "refusing to overwrite it: choose another --run",
+        )
     return path
 
 
@@ -220,8 +235,11 @@ def read_trec_run(path) -> Dict[str, Dict[str, float]]:
         cols = line.split()
         # a document listed twice for a query would silently keep the last score
         if (cols[0], cols[2]) in first:
-            raise DataFormatError(path, lineno, f"document {cols[2]!r} listed twice for query {cols[0]!r} "
-                                                f"(first on line {first[cols[0], cols[2]]})")
+            raise DataFormatError(
+                path,
+                lineno,
+                f"document {cols[2]!r} listed twice for query {cols[0]!r} (first on line {first[cols[0], cols[2]]})",
+            )
         first[cols[0], cols[2]] = lineno
         run.setdefault(cols[0], {})[cols[2]] = float(cols[4])
     return run
@@ -235,11 +253,17 @@ def check_run_covers(run: Run, qrels: Qrels, path) -> None:
         raise DataFormatError(path, None, "the run file is empty: no ranking to evaluate")
     hit = judged & {q for q, docs in run.items() if docs}
     if not hit:
-        raise DataFormatError(path, None, f"none of its {len(run)} queries is a judged query of the qrels "
-                                          "(wrong split or wrong run file?)")
+        raise DataFormatError(
+            path,
+            None,
+            f"none of its {len(run)} queries is a judged query of the qrels (wrong split or wrong run file?)",
+        )
     if len(hit) < len(judged):
-        print(f"warning: {path}: {len(judged) - len(hit)} of {len(judged)} judged queries have no ranking "
-              "(each counts as 0)", file=sys.stderr)
+        print(
+            f"warning: {path}: {len(judged) - len(hit)} of {len(judged)} judged queries have no ranking "
+            "(each counts as 0)",
+            file=sys.stderr,
+        )
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -3,6 +3,7 @@
 Scores are inner products of [CLS] vectors, as in the paper (no
 normalisation), so every index below uses ``METRIC_INNER_PRODUCT``.
 """
+
 import contextlib
 import sys
 from pathlib import Path
@@ -63,8 +64,9 @@ def load_model(path: str, device: Optional[str] = None, max_seq_length: Optional
         model = SentenceTransformer(str(folder), device=pick_device(device), local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
         lines = str(e).strip().splitlines()
-        raise DataFormatError(folder, None, f"cannot load a model from this folder: "
-                                            f"{lines[0] if lines else type(e).__name__}") from None
+        raise DataFormatError(
+            folder, None, f"cannot load a model from this folder: {lines[0] if lines else type(e).__name__}"
+        ) from None
     if max_seq_length:
         if max_seq_length < 1:
             raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
@@ -72,8 +74,11 @@ def load_model(path: str, device: Optional[str] = None, max_seq_length: Optional
         if limit is not None and max_seq_length > limit:
             # more tokens than position embeddings: an index error deep in the
             # model on the first long text; the model cannot read further anyway
-            print(f"note: {folder}: --max-seq-length {max_seq_length} is more than the model's {limit} "
-                  f"positions; using {limit}", file=sys.stderr)
+            print(
+                f"note: {folder}: --max-seq-length {max_seq_length} is more than the model's {limit} "
+                f"positions; using {limit}",
+                file=sys.stderr,
+            )
             max_seq_length = limit
         model.max_seq_length = max_seq_length
     return model
@@ -97,22 +102,40 @@ def position_limit(model) -> Optional[int]:
     return n if n > 0 else None
 
 
-def encode(model, texts: Sequence[str], batch_size: int = 64, precision: str = "fp32",
-           show_progress: bool = True, desc: str = "encode") -> np.ndarray:
+def encode(
+    model,
+    texts: Sequence[str],
+    batch_size: int = 64,
+    precision: str = "fp32",
+    show_progress: bool = True,
+    desc: str = "encode",
+) -> np.ndarray:
     """float32 C-contiguous embeddings (what faiss wants), with a tqdm bar."""
     if len(texts) == 0:
         return np.zeros((0, model.get_embedding_dimension()), dtype=np.float32)
     was_training = model.training
     model.eval()
     with torch.inference_mode(), autocast(model.device.type, precision):
-        emb = model.encode(list(texts), batch_size=batch_size, show_progress_bar=show_progress,
-                           convert_to_numpy=True, normalize_embeddings=False)
+        emb = model.encode(
+            list(texts),
+            batch_size=batch_size,
+            show_progress_bar=show_progress,
+            convert_to_numpy=True,
+            normalize_embeddings=False,
+        )
     model.train(was_training)
     return np.ascontiguousarray(emb, dtype=np.float32)
 
 
-def build_index(emb: np.ndarray, kind: str = "flat", nlist: int = 1024, pq_m: int = 64,
-                hnsw_m: int = 32, nprobe: int = 32, ef_search: int = 128):
+def build_index(
+    emb: np.ndarray,
+    kind: str = "flat",
+    nlist: int = 1024,
+    pq_m: int = 64,
+    hnsw_m: int = 32,
+    nprobe: int = 32,
+    ef_search: int = 128,
+):
     """An inner-product faiss index over ``emb``; trains IVF/PQ on ``emb`` itself.
 
     Raises :class:`SearchError` for an empty ``emb`` (faiss would fail an
@@ -128,8 +151,9 @@ def build_index(emb: np.ndarray, kind: str = "flat", nlist: int = 1024, pq_m: in
             index.train(emb)
         index.add(emb)
     except RuntimeError as e:
-        raise SearchError(f"--index {kind!r}: faiss cannot train it on {emb.shape[0]} vectors: "
-                          f"{_faiss_message(e)}") from None
+        raise SearchError(
+            f"--index {kind!r}: faiss cannot train it on {emb.shape[0]} vectors: {_faiss_message(e)}"
+        ) from None
     spec = INDEX_PRESETS.get(kind, kind)
     ivf = faiss.try_extract_index_ivf(index) if "IVF" in spec else None
     if ivf is not None:
@@ -159,8 +183,9 @@ def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, 
         spec = spec.format(nlist=nlist, pq_m=pq_m, hnsw_m=hnsw_m)
         return faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
     except (RuntimeError, KeyError, IndexError, ValueError) as e:
-        raise SearchError(f"--index {kind!r}: faiss cannot build {spec!r} for dimension {dim}: "
-                          f"{_faiss_message(e)}") from None
+        raise SearchError(
+            f"--index {kind!r}: faiss cannot build {spec!r} for dimension {dim}: {_faiss_message(e)}"
+        ) from None
 
 
 def search(index, queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
@@ -170,7 +195,7 @@ def search(index, queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[
     k = min(k, index.ntotal)
     scores, ids = [], []
     for start in range(0, len(queries), batch_size):
-        s, i = index.search(np.ascontiguousarray(queries[start:start + batch_size], dtype=np.float32), k)
+        s, i = index.search(np.ascontiguousarray(queries[start : start + batch_size], dtype=np.float32), k)
         scores.append(s)
         ids.append(i)
     if not scores:
@@ -178,7 +203,9 @@ def search(index, queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[
     return np.concatenate(scores), np.concatenate(ids)
 
 
-def to_run(qids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, ids: np.ndarray) -> Dict[str, Dict[str, float]]:
+def to_run(
+    qids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, ids: np.ndarray
+) -> Dict[str, Dict[str, float]]:
     run: Dict[str, Dict[str, float]] = {}
     for qid, srow, irow in zip(qids, scores, ids):
         run[qid] = {doc_ids[i]: float(s) for s, i in zip(srow, irow) if i >= 0}
@@ -188,8 +215,16 @@ def to_run(qids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, ids:
 class DenseRetriever:
     """Corpus embeddings + faiss index for one model; re-encode after training."""
 
-    def __init__(self, model, corpus: Dict[str, str], batch_size: int = 64, precision: str = "fp32",
-                 index: str = "flat", show_progress: bool = True, **index_kwargs):
+    def __init__(
+        self,
+        model,
+        corpus: Dict[str, str],
+        batch_size: int = 64,
+        precision: str = "fp32",
+        index: str = "flat",
+        show_progress: bool = True,
+        **index_kwargs,
+    ):
         self.model = model
         self.doc_ids: List[str] = list(corpus)
         self.batch_size = batch_size
@@ -198,14 +233,16 @@ class DenseRetriever:
         if not self.doc_ids:
             raise SearchError("cannot build an index over an empty corpus")
         # a bad --index must fail before the corpus is encoded, not after
-        make_index(model.get_embedding_dimension(), index,
-                   **{k: v for k, v in index_kwargs.items() if k in ("pq_m", "hnsw_m")})
+        make_index(
+            model.get_embedding_dimension(), index, **{k: v for k, v in index_kwargs.items() if k in ("pq_m", "hnsw_m")}
+        )
         emb = encode(model, [corpus[d] for d in self.doc_ids], batch_size, precision, show_progress, "corpus")
         self.index = build_index(emb, index, **index_kwargs)
 
     def retrieve(self, queries: Dict[str, str], k: int = 1000) -> Dict[str, Dict[str, float]]:
         qids = list(queries)
-        q = encode(self.model, [queries[i] for i in qids], self.batch_size, self.precision,
-                   self.show_progress, "queries")
+        q = encode(
+            self.model, [queries[i] for i in qids], self.batch_size, self.precision, self.show_progress, "queries"
+        )
         scores, ids = search(self.index, q, k)
         return to_run(qids, self.doc_ids, scores, ids)

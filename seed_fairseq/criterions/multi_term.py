@@ -60,7 +60,8 @@ def global_counts(sample: dict, local: Dict[str, torch.Tensor]) -> Dict[str, tor
     names = sorted(counts)
     # a fresh tensor: the lookahead shares one dict of counts across a group
     stacked = torch.stack([torch.as_tensor(counts[n]).long() for n in names]).to(
-        next(iter(local.values())).device if local else "cpu")
+        next(iter(local.values())).device if local else "cpu"
+    )
     if distributed_utils.get_data_parallel_world_size() > 1:
         distributed_utils.all_reduce(stacked, group=distributed_utils.get_data_parallel_group())
     return dict(zip(names, stacked.unbind()))
@@ -70,7 +71,7 @@ def _ppl(meters) -> float:
     # a log interval whose batches had no masked token has an mlm_loss meter
     # without a value (avg None): no perplexity then, not a crash
     avg = meters["mlm_loss"].avg if "mlm_loss" in meters else None
-    return 2 ** avg if avg is not None else float("nan")
+    return 2**avg if avg is not None else float("nan")
 
 
 class MultiTermCriterion(FairseqCriterion):
@@ -119,7 +120,11 @@ class MultiTermCriterion(FairseqCriterion):
         if loss is None:  # no term with a weight: keep the graph (and DDP) intact
             loss = sum(t.loss for t in terms.values()) * 0.0
         logging_output.update(
-            loss=loss.data, ntokens=sample["ntokens"], nsentences=sample["nsentences"], sample_size=0, nlogs=1,
+            loss=loss.data,
+            ntokens=sample["ntokens"],
+            nsentences=sample["nsentences"],
+            sample_size=0,
+            nlogs=1,
         )
         return loss, 0, logging_output
 
@@ -148,8 +153,11 @@ class MultiTermCriterion(FairseqCriterion):
                     metrics.log_scalar(f"{name}_acc", 100.0 * total(f"{name}_correct") / n, n, round=2)
         nlogs = total("nlogs")
         if nlogs > 0:
-            loss = sum(total(f"{name}_weight") / nlogs * total(f"{name}_loss_sum") / counts[name]
-                       for name in names if counts[name] > 0)
+            loss = sum(
+                total(f"{name}_weight") / nlogs * total(f"{name}_loss_sum") / counts[name]
+                for name in names
+                if counts[name] > 0
+            )
             metrics.log_scalar("loss", loss / LN2, 1, round=3)
         if "mlm" in names:
             metrics.log_derived("mlm_ppl", _ppl)

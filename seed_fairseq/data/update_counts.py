@@ -68,6 +68,4 @@ class UpdateCountsEpochBatchIterator:
     def next_epoch_itr(self, *args, **kwargs):
         itr = self._epoch_iter.next_epoch_itr(*args, **kwargs)
         group = self.update_freq_for_epoch(self._epoch_iter.epoch)
-        return iterators.CountingIterator(
-            _annotate_groups(itr, group, self._count_fn), start=itr.n, total=len(itr)
-        )
+        return iterators.CountingIterator(_annotate_groups(itr, group, self._count_fn), start=itr.n, total=len(itr))

@@ -81,8 +81,9 @@ ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_accurate": "gelu_new", "tan
 def load_inputs(checkpoint, data):
     """Checkpoint, its model config, the data's dictionary/spm/normalisation record, and
     the state-dict prefixes that are not exported (the model's pre-training-only modules)."""
-    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
     from fairseq.data import Dictionary
+
+    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
 
     checkpoint, data = Path(checkpoint), Path(data)
     for name in ("dict.txt", "spm.model", "preprocess.json"):
@@ -103,15 +104,14 @@ def load_inputs(checkpoint, data):
 
     model_class = pretraining_model_class(name)
     if model_class is None and ARCH_MODEL_NAME_REGISTRY.get(name, name) != "roberta":
-        raise ExportError(f"{checkpoint}: model {name!r} is neither one of this plugin's pre-training "
-                          "models nor a roberta encoder")
+        raise ExportError(
+            f"{checkpoint}: model {name!r} is neither one of this plugin's pre-training models nor a roberta encoder"
+        )
     # what the export leaves out: the modules the model class declares pre-training-only
     dropped = tuple(model_class.pretraining_only_prefixes) if model_class else ()
     problems = _architecture_problems(model_cfg)
     if problems:
-        raise ExportError(
-            f"{checkpoint}: arch {name!r} has no exact HuggingFace equivalent: " + "; ".join(problems)
-        )
+        raise ExportError(f"{checkpoint}: arch {name!r} has no exact HuggingFace equivalent: " + "; ".join(problems))
 
     dictionary = Dictionary.load(str(data / "dict.txt"))
     dictionary.add_symbol("<mask>")
@@ -124,8 +124,10 @@ def load_inputs(checkpoint, data):
     record_all = json.loads((data / "preprocess.json").read_text())
     recorded = (record_all.get("fairseq_dictionary") or {}).get("sha256")
     if recorded and recorded != dictionary_sha256(data / "dict.txt"):
-        raise ExportError(f"{data / 'dict.txt'}: does not match the dictionary {data / 'preprocess.json'} "
-                          "records (the folder was changed after it was built)")
+        raise ExportError(
+            f"{data / 'dict.txt'}: does not match the dictionary {data / 'preprocess.json'} "
+            "records (the folder was changed after it was built)"
+        )
     try:
         check_dictionary(state, checkpoint, data / "dict.txt", len(dictionary))
     except CheckpointError as e:
@@ -159,7 +161,9 @@ def hf_config(model_cfg, vocab_size, with_lm_head):
         max_position_embeddings=model_cfg["max_positions"] + 2,
         type_vocab_size=1,
         layer_norm_eps=1e-5,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
         architectures=["XLMRobertaForMaskedLM" if with_lm_head else "XLMRobertaModel"],
     )
 
@@ -211,17 +215,17 @@ def model_card(cfg, model_cfg, state, record, diff, with_lm_head):
     t, o = cfg.get("task", {}), cfg.get("optimization", {})
     crit, ds = cfg.get("criterion", {}), cfg.get("dataset", {})
     hist = state.get("optimizer_history") or [{}]
+    workers = cfg.get("distributed_training", {}).get("distributed_world_size")
     rows = {
         "architecture (fairseq)": model_cfg.get("_name") or model_cfg.get("arch"),
         "encoder": f"{model_cfg['encoder_layers']} layers, hidden {model_cfg['encoder_embed_dim']}, "
-                   f"FFN {model_cfg['encoder_ffn_embed_dim']}, {model_cfg['encoder_attention_heads']} heads",
+        f"FFN {model_cfg['encoder_ffn_embed_dim']}, {model_cfg['encoder_attention_heads']} heads",
         "weak decoder (dropped)": f"{model_cfg.get('decoder_layers', 0)} layers, attention window "
-                                  f"{model_cfg.get('decoder_attention_window', '-')}",
+        f"{model_cfg.get('decoder_attention_window', '-')}",
         "loss weights (MLM / decoder)": f"{crit.get('mlm_weight', '-')} / {crit.get('decoder_weight', '-')}",
         "updates": hist[-1].get("num_updates", "?"),
         "peak lr": o.get("lr"),
-        "batch": f"{ds.get('batch_size')} sequences x {cfg.get('distributed_training', {}).get('distributed_world_size')} "
-                 f"workers x update-freq {o.get('update_freq')}",
+        "batch": f"{ds.get('batch_size')} sequences x {workers} workers x update-freq {o.get('update_freq')}",
         "tokens per sample": t.get("tokens_per_sample"),
         "sample break mode": t.get("sample_break_mode"),
         "mask prob": t.get("mask_prob"),
@@ -269,8 +273,7 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
 
     config = hf_config(model_cfg, len(dictionary), with_lm_head)
     hf_model = (XLMRobertaForMaskedLM if with_lm_head else XLMRobertaModel)(config).eval()
-    hf_state = fairseq_to_hf(state["model"], model_cfg["encoder_layers"], with_lm_head,
-                             dropped_prefixes=dropped)
+    hf_state = fairseq_to_hf(state["model"], model_cfg["encoder_layers"], with_lm_head, dropped_prefixes=dropped)
     hf_model.load_state_dict(hf_state, strict=True)
     tokenizer = build_tokenizer(Path(data) / "spm.model", record, max_len)
 
@@ -297,16 +300,32 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
         (staging / "README.md").write_text(model_card(cfg, model_cfg, state, record, diff, with_lm_head))
         # the written folder, reloaded the way users will load it
         auto = (AutoModelForMaskedLM if with_lm_head else AutoModel).from_pretrained(staging).eval()
-        verify(fs_model, auto, AutoTokenizer.from_pretrained(staging), sp, dictionary, record,
-               texts, max_len, atol, with_lm_head)
+        verify(
+            fs_model,
+            auto,
+            AutoTokenizer.from_pretrained(staging),
+            sp,
+            dictionary,
+            record,
+            texts,
+            max_len,
+            atol,
+            with_lm_head,
+        )
         # the record last: it is what makes the folder this tool's own (--force may replace it)
-        write_json_atomic(staging / EXPORT_RECORD, {
-            "tool": "seed_fairseq.hf.export", "checkpoint": str(Path(checkpoint).resolve()),
-            "data": str(Path(data).resolve()), "dictionary_sha256": dictionary_sha256(Path(data) / "dict.txt"),
-            "with_lm_head": with_lm_head, "max_abs_diff": diff,
-            "files": sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
-            + [EXPORT_RECORD],
-        })
+        write_json_atomic(
+            staging / EXPORT_RECORD,
+            {
+                "tool": "seed_fairseq.hf.export",
+                "checkpoint": str(Path(checkpoint).resolve()),
+                "data": str(Path(data).resolve()),
+                "dictionary_sha256": dictionary_sha256(Path(data) / "dict.txt"),
+                "with_lm_head": with_lm_head,
+                "max_abs_diff": diff,
+                "files": sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+                + [EXPORT_RECORD],
+            },
+        )
         _chmod_tree(staging)
         replace_dir(staging, out)
     finally:

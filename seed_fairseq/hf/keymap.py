@@ -34,9 +34,7 @@ for _fs, _hf in [
     ("final_layer_norm", "output.LayerNorm"),
 ]:
     for _p in ("weight", "bias"):
-        ENCODER_KEY_MAP.append(
-            (_LAYER + re.escape(f"{_fs}.{_p}"), "encoder.layer.{0}." + f"{_hf}.{_p}")
-        )
+        ENCODER_KEY_MAP.append((_LAYER + re.escape(f"{_fs}.{_p}"), "encoder.layer.{0}." + f"{_hf}.{_p}"))
 
 # RoBERTa's MLM head; the projection is tied to the word embeddings.
 LM_HEAD_KEY_MAP = [
@@ -74,7 +72,9 @@ def expected_hf_keys(num_layers: int, with_lm_head: bool, prefix: str) -> Iterab
 
 
 def fairseq_to_hf(
-    state: Dict[str, torch.Tensor], num_layers: int, with_lm_head: bool = False,
+    state: Dict[str, torch.Tensor],
+    num_layers: int,
+    with_lm_head: bool = False,
     dropped_prefixes: Sequence[str] = (),
 ) -> Dict[str, torch.Tensor]:
     """Map a fairseq ``seed_encoder``/``roberta`` state dict to HF RoBERTa names.

@@ -45,8 +45,9 @@ def _char_class(predicate):
 
 def normalizer_for(record):
     """tokenizers normaliser equal to preprocess.text.normalize_line under ``record``."""
-    from preprocess.text import _CONTROL
     from tokenizers import Regex, normalizers
+
+    from preprocess.text import _CONTROL
 
     steps = []
     if record.get("nfkc", True):
@@ -77,27 +78,39 @@ def build_tokenizer(spm_model, record, model_max_length):
 
     sp = spm.SentencePieceProcessor(model_file=str(spm_model))
     vocab = fairseq_vocab(sp)
-    learned = {sp.id_to_piece(i): sp.get_score(i) for i in range(3, sp.get_piece_size())
-               if not sp.is_byte(i)}
+    learned = {sp.id_to_piece(i): sp.get_score(i) for i in range(3, sp.get_piece_size()) if not sp.is_byte(i)}
     merges = generate_merges(vocab, vocab_scores=learned, skip_tokens=SPECIALS + [MASK])
     byte_fallback = any(sp.is_byte(i) for i in range(sp.get_piece_size()))
 
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>",
-                               fuse_unk=True, byte_fallback=byte_fallback))
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=byte_fallback)
+    )
     tok.normalizer = normalizer_for(record)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
-    tok.decoder = decoders.Sequence([
-        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0),
-    ])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
         special_tokens=[("<s>", 0), ("</s>", 2)],
     )
     # The generic fast class: transformers' XLMRobertaTokenizer rebuilds a
     # unigram model from the vocabulary, which is not what was trained here.
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>",
-        cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token=MASK,
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token=MASK,
         model_max_length=model_max_length,
     )
 
@@ -112,4 +125,3 @@ def fairseq_encode(text, sp, dictionary, record, max_length=None):
     if max_length is not None and len(ids) > max_length:
         ids = ids[: max_length - 1] + [dictionary.eos()]
     return ids
-

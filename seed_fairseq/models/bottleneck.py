@@ -50,8 +50,10 @@ class BottleneckEncoderModel(RobertaModel):
         super().__init_subclass__(**kwargs)
         for prefix in cls.pretraining_only_prefixes:
             if prefix.startswith("decoder") or not prefix.endswith("."):
-                raise TypeError(f"{cls.__name__}: pre-training-only prefix {prefix!r} must end with '.' and "
-                                "must not start with 'decoder' (RoBERTa's upgrade code renames such keys)")
+                raise TypeError(
+                    f"{cls.__name__}: pre-training-only prefix {prefix!r} must end with '.' and "
+                    "must not start with 'decoder' (RoBERTa's upgrade code renames such keys)"
+                )
 
     @staticmethod
     def cls_vector(features: torch.Tensor) -> torch.Tensor:
@@ -67,8 +69,11 @@ class BottleneckEncoderModel(RobertaModel):
 
     def pretraining_only_modules(self):
         """name -> module for every declared pre-training-only prefix that exists."""
-        return {p[:-1]: getattr(self, p[:-1]) for p in self.pretraining_only_prefixes
-                if getattr(self, p[:-1], None) is not None}
+        return {
+            p[:-1]: getattr(self, p[:-1])
+            for p in self.pretraining_only_prefixes
+            if getattr(self, p[:-1], None) is not None
+        }
 
     def upgrade_state_dict_named(self, state_dict, name):
         prefix = name + "." if name != "" else ""
@@ -76,10 +81,11 @@ class BottleneckEncoderModel(RobertaModel):
         n_symbols = len(self.encoder.dictionary)
         if embed is not None and embed.size(0) != n_symbols:
             raise CheckpointError(
-                "the checkpoint", f"dictionary size mismatch: the checkpoint's token embedding has "
+                "the checkpoint",
+                f"dictionary size mismatch: the checkpoint's token embedding has "
                 f"{embed.size(0)} rows but the data's dict.txt gives {n_symbols} symbols "
                 "(including specials and <mask>); train/load with the dict.txt the "
-                "checkpoint was trained with"
+                "checkpoint was trained with",
             )
         if embed is not None:
             for module_name, module in self.pretraining_only_modules().items():
@@ -87,8 +93,9 @@ class BottleneckEncoderModel(RobertaModel):
                 if not any(k.startswith(head) for k in state_dict):
                     # An encoder-only checkpoint (seed-drop-heads, an imported
                     # model) initialising a full model: keep the fresh weights.
-                    logger.warning(f"checkpoint has no {module_name} weights; keeping the freshly "
-                                   f"initialised {module_name}")
+                    logger.warning(
+                        f"checkpoint has no {module_name} weights; keeping the freshly initialised {module_name}"
+                    )
                     for k, v in module.state_dict().items():
                         state_dict[head + k] = v
         super().upgrade_state_dict_named(state_dict, name)

@@ -27,7 +27,7 @@ def _window_arg(value):
     try:
         return parse_window(value)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 @register_model("seed_encoder")
@@ -41,24 +41,33 @@ class SeedEncoderModel(BottleneckEncoderModel):
     def add_args(parser):
         RobertaModel.add_args(parser)
         parser.add_argument(
-            "--decoder-layers", type=int, metavar="L",
+            "--decoder-layers",
+            type=int,
+            metavar="L",
             help="weak decoder layers (paper: 3); 0 builds no decoder (MLM-only baseline)",
         )
         parser.add_argument(
-            "--decoder-attention-window", type=_window_arg, metavar="K",
+            "--decoder-attention-window",
+            type=_window_arg,
+            metavar="K",
             help="weak decoder self-attention window k: position i sees i-k+1..i and "
             "position 0 (paper: 2); 'full' = ordinary causal attention",
         )
         parser.add_argument(
-            "--decoder-attention-heads", type=int, metavar="H",
+            "--decoder-attention-heads",
+            type=int,
+            metavar="H",
             help="weak decoder attention heads (default: same as the encoder)",
         )
         parser.add_argument(
-            "--decoder-ffn-embed-dim", type=int, metavar="N",
+            "--decoder-ffn-embed-dim",
+            type=int,
+            metavar="N",
             help="weak decoder FFN dimension (default: same as the encoder)",
         )
         parser.add_argument(
-            "--decoder-scale-embedding", action="store_true",
+            "--decoder-scale-embedding",
+            action="store_true",
             help="scale decoder token embeddings by sqrt(dim) like a vanilla Transformer "
             "(default: off, as in the encoder)",
         )
@@ -104,9 +113,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
         )
         transformer_legacy.base_architecture(dec_args)
         embed_tokens = encoder.sentence_encoder.embed_tokens  # shared with the encoder
-        decoder = WindowedTransformerDecoder(
-            dec_args, encoder.dictionary, embed_tokens, args.decoder_attention_window
-        )
+        decoder = WindowedTransformerDecoder(dec_args, encoder.dictionary, embed_tokens, args.decoder_attention_window)
         # BERT initialisation for everything the decoder owns; the shared token
         # table (and the output projection tied to it) stays as the encoder set
         # it, padding row included.
@@ -132,16 +139,18 @@ class SeedEncoderModel(BottleneckEncoderModel):
         """
         if prev_output_tokens is None or self.weak_decoder is None:
             x, extra = super().forward(
-                src_tokens, features_only, return_all_hiddens,
-                classification_head_name, masked_tokens=masked_tokens, **kwargs,
+                src_tokens,
+                features_only,
+                return_all_hiddens,
+                classification_head_name,
+                masked_tokens=masked_tokens,
+                **kwargs,
             )
             if prev_output_tokens is not None:
                 extra["decoder_out"] = None
             return x, extra
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
-        extra["decoder_out"], _ = self.weak_decoder(
-            prev_output_tokens, encoder_out=cls_memory(features)
-        )
+        extra["decoder_out"], _ = self.weak_decoder(prev_output_tokens, encoder_out=cls_memory(features))
         if features_only:
             return features, extra
         return self.mlm_logits(features, masked_tokens=masked_tokens), extra
@@ -159,12 +168,8 @@ def base_architecture(args):
     args.decoder_attention_window = safe_getattr(args, "decoder_attention_window", 2)
     args.decoder_scale_embedding = safe_getattr(args, "decoder_scale_embedding", False)
     roberta_base_architecture(args)
-    args.decoder_attention_heads = safe_getattr(
-        args, "decoder_attention_heads", args.encoder_attention_heads
-    )
-    args.decoder_ffn_embed_dim = safe_getattr(
-        args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim
-    )
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
 
 
 @register_model_architecture("seed_encoder", "seed_encoder_base")

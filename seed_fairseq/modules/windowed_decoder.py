@@ -40,9 +40,7 @@ def parse_window(value) -> Window:
         try:
             value = int(value)
         except ValueError:
-            raise ValueError(
-                f"decoder attention window must be an integer >= 1 or '{FULL}', got {value!r}"
-            ) from None
+            raise ValueError(f"decoder attention window must be an integer >= 1 or '{FULL}', got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
             f"decoder attention window must be an integer >= 1 or '{FULL}', got {value!r} "
@@ -91,24 +89,15 @@ class WindowedTransformerDecoder(TransformerDecoder):
 
     def buffered_future_mask(self, tensor):
         dim = tensor.size(0)
-        if (
-            self._future_mask.size(0) < dim
-            or self._future_mask.device != tensor.device
-        ):
+        if self._future_mask.size(0) < dim or self._future_mask.device != tensor.device:
             self._future_mask = window_attention_mask(dim, self.window, tensor.device)
         self._future_mask = self._future_mask.to(tensor)
         return self._future_mask[:dim, :dim]
 
-    def extract_features_scriptable(
-        self, prev_output_tokens, encoder_out, incremental_state=None, *args, **kwargs
-    ):
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None, *args, **kwargs):
         if incremental_state is not None and self.window != FULL:
             # fairseq's incremental decoding caches every previous key and
             # would silently widen the window; generation is not a use case of
             # the weak decoder (it exists only for the pre-training loss).
-            raise NotImplementedError(
-                "incremental decoding is not supported with a restricted attention window"
-            )
-        return super().extract_features_scriptable(
-            prev_output_tokens, encoder_out, incremental_state, *args, **kwargs
-        )
+            raise NotImplementedError("incremental decoding is not supported with a restricted attention window")
+        return super().extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state, *args, **kwargs)

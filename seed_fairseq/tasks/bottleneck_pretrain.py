@@ -134,8 +134,9 @@ class BottleneckPretrainTask(MaskedLMTask):
 
     def check_checkpoint(self, state, filename):
         """Refuse a checkpoint trained with another dictionary (size or symbols)."""
-        check_dictionary(state, filename, self.dict_path, len(self.source_dictionary),
-                         allow_change=self.cfg.allow_dictionary_change)
+        check_dictionary(
+            state, filename, self.dict_path, len(self.source_dictionary), allow_change=self.cfg.allow_dictionary_change
+        )
 
     # -- data -----------------------------------------------------------------------------
 
@@ -149,10 +150,7 @@ class BottleneckPretrainTask(MaskedLMTask):
         d = self.source_dictionary
         # specials and <mask> stand alone; byte-fallback pieces (<0xNN>)
         # continue the word their "▁" piece started
-        starts = [
-            i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START)
-            for i, sym in enumerate(d.symbols)
-        ]
+        starts = [i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START) for i, sym in enumerate(d.symbols)]
         return torch.ByteTensor(starts)
 
     def _load_dataset_split(self, split, epoch, combine):
@@ -185,8 +183,7 @@ class BottleneckPretrainTask(MaskedLMTask):
             mask_stdev=self.cfg.mask_stdev,
         )
 
-    def extra_inputs(self, split: str, blocks: FairseqDataset, src: FairseqDataset,
-                     target: FairseqDataset) -> Dict:
+    def extra_inputs(self, split: str, blocks: FairseqDataset, src: FairseqDataset, target: FairseqDataset) -> Dict:
         """The objective's own inputs/targets, keyed like the batch (``net_input``
         entries go to the model).  ``blocks`` is the UNMASKED ``[CLS] x1 .. xn``,
         ``src``/``target`` the encoder's masked view and MLM target."""
@@ -237,6 +234,5 @@ class BottleneckPretrainTask(MaskedLMTask):
             # fairseq's dummy batch (a copy of an earlier one, used when this
             # worker ran out of data) must not add to the update's counts.
             sample = dict(sample)
-            sample[UPDATE_COUNTS] = {k: torch.zeros_like(torch.as_tensor(v))
-                                     for k, v in sample[UPDATE_COUNTS].items()}
+            sample[UPDATE_COUNTS] = {k: torch.zeros_like(torch.as_tensor(v)) for k, v in sample[UPDATE_COUNTS].items()}
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
