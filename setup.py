@@ -6,7 +6,7 @@ README = Path(__file__).with_name("README.md")
 
 setup(
     name="seed_fairseq",
-    version="0.1.0",
+    version="0.2.0",
     description="SEED-Encoder pre-training (MLM + weak decoder) as a fairseq --user-dir plugin",
     long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",
@@ -38,6 +38,7 @@ setup(
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",
+            "ruff==0.17.6",  # CI runs ruff check
             "transformers>=4.40",
             "tokenizers>=0.15",
             "safetensors",

@@ -21,13 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from preprocess.binarize import binarize_file
+from preprocess.encode import encode_file
+from preprocess.extract import extract
+from preprocess.vocab import load_spm, train_spm, write_fairseq_dict
 
-from preprocess.binarize import binarize_file  # noqa: E402
-from preprocess.encode import encode_file  # noqa: E402
-from preprocess.extract import extract  # noqa: E402
-from preprocess.vocab import load_spm, train_spm, write_fairseq_dict  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_WIKI = REPO.parent / "shared" / "data" / "enwiki-sample-206-pages.xml.bz2"
 
@@ -35,7 +34,6 @@ DEFAULT_WIKI = REPO.parent / "shared" / "data" / "enwiki-sample-206-pages.xml.bz
 # its children (pool workers), which the parent cannot see separately.
 _RSS_WRAPPER = """
 import json, resource, sys
-sys.path.insert(0, {repo!r})
 from preprocess.build import main
 code = main({argv!r})
 own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -65,7 +63,7 @@ def repeated_dump(src, dst, times):
 
 
 def peak_rss_mb(argv):
-    code = _RSS_WRAPPER.format(repo=str(REPO), argv=[str(a) for a in argv])
+    code = _RSS_WRAPPER.format(argv=[str(a) for a in argv])
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore")
     )

@@ -12,8 +12,8 @@ What is measured, in one run on this CPU (``--cpu``):
 with the same encoder shape (tiny: 2 layers x 128, FFN 256, 4 heads; base: 12 x 768,
 FFN 3072, 12 heads, passed explicitly to both), the same optimizer (adam, fixed lr),
 default dropout, and the same batch: the demo corpus
-(``examples/data/demo_corpus.txt``) is encoded with sentencepiece and binarized
-once with ``fairseq-preprocess`` in a temporary directory; each setup builds its
+(``examples/data/demo_corpus.txt``) goes once through the project's own
+preprocessing (``preprocess.build``, cased) in a temporary directory; each setup builds its
 task through fairseq's parser, loads ``train`` with the same ``--tokens-per-sample``,
 ``--sample-break-mode`` and seed, takes the ``--batch-size`` longest blocks and
 collates them with its own collater.  The two batches hold identical encoder
@@ -48,7 +48,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -76,64 +75,18 @@ STEP_TAG = "STEP_TIME_STEP "
 # --------------------------------------------------------------------------- data
 
 
-def sentences(paragraph):
-    """Rough sentence split: in "complete" mode a block holds whole lines."""
-    return [s for s in re.split(r"(?<=[.!?])\s+", paragraph.strip()) if s]
-
-
 def build_data(corpus, out, spm_vocab, dict_size):
-    """sentencepiece BPE + XLM-R-style dict.txt + ``fairseq-preprocess`` (mmap).
+    """The project's own preprocessing (``preprocess.build``), then the dictionary
+    widened with unused symbols up to ``dict_size`` entries (appended after the
+    pieces, so every binarized id keeps its meaning)."""
+    from preprocess.build import build
 
-    Every document goes to ``train``; one sentence per line, documents separated
-    by an empty line, as fairseq's language-model data expects.
-    """
-    import sentencepiece as spm
-
-    out.mkdir(parents=True, exist_ok=True)
-    spm.SentencePieceTrainer.train(
-        input=str(corpus),
-        model_prefix=str(out / "spm"),
-        vocab_size=spm_vocab,
-        model_type="bpe",
-        byte_fallback=True,
-        character_coverage=1.0,
-        num_threads=2,
-        minloglevel=2,
-    )
-    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
-    pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]  # skip unk/bos/eos
-    fillers = max(0, dict_size - N_SPECIALS - len(pieces))
-    with open(out / "dict.txt", "w", encoding="utf-8") as f:
-        for p in pieces:
-            f.write(f"{p} 1\n")
+    build(out, text=[corpus], vocab_size=spm_vocab, valid_docs=0, test_docs=0, workers=1, lowercase=False)
+    n_symbols = len((out / "dict.txt").read_text(encoding="utf-8").splitlines())
+    fillers = max(0, dict_size - N_SPECIALS - n_symbols)
+    with open(out / "dict.txt", "a", encoding="utf-8") as f:
         for i in range(fillers):  # never occur in the data; only widen the vocabulary
             f.write(f"madeupword{i:05d} 0\n")
-    with open(corpus, encoding="utf-8") as src, open(out / "train.txt", "w", encoding="utf-8") as dst:
-        for line in src:
-            if not line.strip():
-                dst.write("\n")
-                continue
-            for sent in sentences(line):
-                dst.write(" ".join(sp.encode(sent, out_type=str)) + "\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "fairseq_cli.preprocess",
-        "--only-source",
-        "--srcdict",
-        str(out / "dict.txt"),
-        "--trainpref",
-        str(out / "train.txt"),
-        "--destdir",
-        str(out),
-        "--workers",
-        "1",
-        "--dataset-impl",
-        "mmap",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"fairseq-preprocess failed:\n{proc.stderr[-4000:]}")
     return out
 
 
@@ -222,11 +175,11 @@ def worker(setup, args):
     dataset = task.dataset("train")
     ids = pick_batch(dataset, args.batch_size, args.tokens_per_sample)
     sample = dataset.collater([dataset[i] for i in ids])
-    if setup == "seed_pretrain":
+    if hasattr(task, "term_counts"):
         # what the task's batch iterator attaches in fairseq-train (update_freq 1)
-        from seed_fairseq.data.update_counts import UPDATE_COUNTS, local_counts
+        from seed_fairseq.data.update_counts import UPDATE_COUNTS
 
-        sample[UPDATE_COUNTS] = local_counts(sample, task.source_dictionary.pad())
+        sample[UPDATE_COUNTS] = task.term_counts(sample)
     src, target = sample["net_input"]["src_tokens"], sample["target"]
     pad = task.source_dictionary.pad()
     digest = hashlib.sha1(src.numpy().tobytes() + target.numpy().tobytes()).hexdigest()[:12]

@@ -13,11 +13,8 @@ fairseq (token ids, and outputs to --atol) before it was written.
 import argparse
 import logging
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from seed_fairseq.hf.export import ExportError, export  # noqa: E402
+from seed_fairseq.hf.export import ExportError, export
 
 
 def main(argv=None):

@@ -48,35 +48,25 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from examples.retrieval.bm25 import BM25  # noqa: E402
-from examples.retrieval.common import (  # noqa: E402
+from seed_fairseq.fileio import (
     OutputError,
-    apply_umask,
     check_output_dir,
-    fraction,
-    nonneg_int,
+    chmod_tree,
     own_staging_dir,
-    positive_int,
     replace_dir,
-    report,
-    seed_int,
     write_json_atomic,
     write_text_atomic,
 )
-from examples.retrieval.data import DataFormatError, derive_retrieval_set, load_data  # noqa: E402
-from examples.retrieval.evaluate import evaluate_model  # noqa: E402
-from examples.retrieval.finetune import FinetuneConfig, finetune  # noqa: E402
-from examples.retrieval.metrics import (  # noqa: E402
-    compare,
-    evaluate,
-    read_trec_run,
-    write_trec_run,
-)
-from examples.retrieval.search import SearchError, load_model  # noqa: E402
+from seed_fairseq.retrieval.analysis import cls_similarity
+from seed_fairseq.retrieval.bm25 import BM25
+from seed_fairseq.retrieval.cli import fraction, nonneg_int, positive_int, report, seed_int
+from seed_fairseq.retrieval.data import DataFormatError, derive_retrieval_set, load_data
+from seed_fairseq.retrieval.evaluate import evaluate_model
+from seed_fairseq.retrieval.metrics import compare, evaluate, read_trec_run, write_trec_run
+from seed_fairseq.retrieval.search import SearchError, load_model
+from seed_fairseq.retrieval.training import FinetuneConfig, finetune
 
+REPO = Path(__file__).resolve().parents[1]
 TINY_ENCODER = "--encoder-layers 2 --encoder-embed-dim 128 --encoder-ffn-embed-dim 256 --encoder-attention-heads 4"
 MODELS = ("seed", "mlm", "full")
 LABELS = {"seed": "SEED-Encoder (k=2)", "mlm": "MLM only", "full": "full-attention decoder"}
@@ -301,43 +291,6 @@ def pretrain_commands(args, data_bin: Path, out: Path, save_dirs=None):
     }
 
 
-def cls_similarity(model_dir: Path, texts, lengths, pairs: int, seed: int):
-    """Mean cosine of [CLS] vectors of random pairs of token windows of each length.
-
-    Windows are cut from the token stream of ``texts`` (documents concatenated),
-    so a window spans sentence and paragraph boundaries like pre-training
-    blocks do; each input is [CLS] + L-2 tokens + </s>.
-    """
-    import numpy as np
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModel.from_pretrained(str(model_dir)).eval()
-    max_len = model.config.max_position_embeddings - (
-        tok.pad_token_id + 1 if model.config.model_type in ("xlm-roberta", "roberta") else 0
-    )
-    stream = [i for t in texts for i in tok(t, add_special_tokens=False)["input_ids"]]
-    rng = np.random.default_rng(seed)
-    out, notes = {}, []
-    for L in lengths:
-        if L > max_len:
-            notes.append(f"{L}: skipped, above the model's {max_len} positions")
-            continue
-        if L - 2 > len(stream):
-            notes.append(f"{L}: skipped, corpus has only {len(stream)} tokens")
-            continue
-        starts = rng.integers(0, len(stream) - (L - 2) + 1, size=(pairs, 2))
-        ids = torch.tensor([[tok.cls_token_id, *stream[s : s + L - 2], tok.sep_token_id] for s in starts.ravel()])
-        vecs = []
-        with torch.inference_mode():
-            for chunk in ids.split(32):
-                vecs.append(model(input_ids=chunk, attention_mask=torch.ones_like(chunk)).last_hidden_state[:, 0])
-        v = torch.nn.functional.normalize(torch.cat(vecs).float(), dim=-1).view(pairs, 2, -1)
-        out[L] = float((v[:, 0] * v[:, 1]).sum(-1).mean())
-    return out, notes, max_len
-
-
 def corpus_documents(path: Path):
     return [
         " ".join(p.strip() for p in d.splitlines() if p.strip())
@@ -537,7 +490,7 @@ def run(args):
             staging = own_staging_dir(ft_dir)
             summary = finetune(model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None)
             model.save(str(staging))
-            apply_umask(staging)
+            chmod_tree(staging)
             write_text_atomic(staging / "finetune.json", json.dumps(summary, indent=2))
             stage_target(ft_dir, "finetune.json")
             replace_dir(staging, ft_dir)

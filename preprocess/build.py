@@ -756,5 +756,35 @@ def main(argv=None):
     return 0
 
 
+def build(out, *, text=(), wiki=(), books=(), **options) -> Path:
+    """The build as a library call (tests, benchmarks, the comparison script):
+    ``build("data-bin", text=["corpus.txt"], vocab_size=500, valid_docs=3)`` runs
+    exactly what ``python -m preprocess.build --text corpus.txt --out data-bin
+    --vocab-size 500 --valid-docs 3`` runs, with the same resume and ownership
+    rules, but raises (``PreprocessError``, ``OutputError``) instead of printing.
+    Options are the flags' names with ``_``; ``lowercase=False`` is ``--no-lowercase``.
+    """
+    argv = ["--out", str(out)]
+    for flag, values in (("--wiki", wiki), ("--books", books), ("--text", text)):
+        for value in values:
+            argv += [flag, str(value)]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            if name in ("byte_fallback", "lowercase", "nfkc"):  # BooleanOptionalAction flags
+                argv.append("--no-" + name.replace("_", "-"))
+        elif value is not None:
+            argv += [flag, str(value)]
+    b = Build(parse_args(argv))
+    try:
+        if b.prepare():
+            b.run()
+    finally:
+        b.close()
+    return Path(out)
+
+
 if __name__ == "__main__":
     sys.exit(main())

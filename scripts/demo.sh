@@ -29,5 +29,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   --save-dir "$OUT/checkpoints" --tensorboard-logdir "$OUT/tensorboard" \
   --log-format simple --log-interval 50 --cpu --seed 1
 
-.venv/bin/seed-drop-decoder "$OUT/checkpoints/checkpoint_last.pt" "$OUT/encoder.pt"
+.venv/bin/seed-drop-heads "$OUT/checkpoints/checkpoint_last.pt" "$OUT/encoder.pt"
 echo "done: checkpoints in $OUT/checkpoints, encoder-only RoBERTa checkpoint $OUT/encoder.pt, tensorboard logs in $OUT/tensorboard"

@@ -172,3 +172,49 @@ def replace_dir(staging: PathLike, out: PathLike) -> Path:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def chmod_tree(root: PathLike) -> None:
+    """Give ``root`` and everything under it the umask's permissions.
+
+    Libraries that write model folders (transformers' ``save_pretrained``,
+    sentence-transformers) create some files through private temporary files
+    with mode 0600 whatever the umask; the project promises umask permissions
+    for everything it writes.
+    """
+    root = Path(root)
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            os.chmod(path, dir_mode() if path.is_dir() else file_mode())
+
+
+def check_parents(path: PathLike) -> None:
+    """:class:`OutputError` when the nearest existing ancestor of ``path`` is not a
+    folder (``--out file.txt/model``): refused up front instead of failing after the work."""
+    for parent in Path(path).absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(parent, "exists and is not a folder")
+            return
+
+
+def own_staging_dir(target: PathLike) -> Path:
+    """A fresh, empty ``.NAME.partial`` folder beside ``target``, to be moved over
+    it with :func:`replace_dir` when complete.
+
+    Only for tools that own the folder around ``target`` (a stage folder inside
+    their own ``--out``): the fixed name lets a rerun delete what an interrupted
+    run left, because only the tool itself ever creates that name there.
+    Outside a folder the tool owns, use :func:`temp_dir_beside`: its random
+    name is never reused and nothing beside the user's output is deleted.
+    """
+    target = Path(target)
+    staging = target.parent / f".{target.name}.partial"
+    if staging.is_symlink() or staging.is_file():
+        staging.unlink()
+    elif staging.exists():
+        shutil.rmtree(staging)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    staging.mkdir(mode=dir_mode())
+    os.chmod(staging, dir_mode())
+    return staging

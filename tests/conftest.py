@@ -1,13 +1,9 @@
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import DEMO_CORPUS, TINY_MODEL_ARGS, USER_DIR, build_data_bin
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-from helpers import DEMO_CORPUS, TINY_MODEL_ARGS, USER_DIR, build_data_bin  # noqa: E402
 
 # 4 specials + 94 symbols + <mask> = 99 entries: an odd vocabulary size on purpose
 N_SYMBOLS = 94
@@ -24,7 +20,7 @@ def odd_dict_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_data_bin(tmp_path_factory):
-    """The embedded demo corpus through sentencepiece + fairseq-preprocess."""
+    """The embedded demo corpus through the project's own preprocessing."""
     return build_data_bin(DEMO_CORPUS, tmp_path_factory.mktemp("demo_bin"), vocab_size=500)
 
 

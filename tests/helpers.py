@@ -1,12 +1,9 @@
 """Shared helpers for the tests: real sentencepiece + real fairseq-preprocess."""
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
-
-import sentencepiece as spm
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "seed_fairseq")
@@ -14,6 +11,17 @@ DEMO_CORPUS = REPO / "examples" / "data" / "demo_corpus.txt"
 SHARED = REPO.parent / "shared"
 WIKI_SAMPLE = SHARED / "data" / "enwiki-sample-206-pages.xml.bz2"
 BIN = Path(sys.executable).parent
+
+
+def load_driver(relpath):
+    """A command-line driver under examples/ as a module (they are scripts, not a package)."""
+    import importlib.util
+
+    path = REPO / relpath
+    spec = importlib.util.spec_from_file_location(f"driver_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cli(name):
@@ -35,68 +43,20 @@ def check(cmd, **kwargs):
     return proc
 
 
-def sentences(paragraph):
-    """Rough sentence split: fairseq's "complete" mode needs lines shorter than a block."""
-    return [s for s in re.split(r"(?<=[.!?])\s+", paragraph.strip()) if s]
+def build_data_bin(text_file, out_dir, vocab_size=500, valid_docs=3, test_docs=2, **options):
+    """The project's own preprocessing (``preprocess.build``, in-process): sentencepiece
+    BPE, the XLM-R id rule, fairseq mmap data, ``preprocess.json``."""
+    from preprocess.build import build
 
-
-def split_documents(text):
-    return [d for d in text.split("\n\n") if d.strip()]
-
-
-def build_data_bin(text_file, out_dir, vocab_size=500, valid_docs=3, test_docs=2):
-    """sentencepiece BPE + XLM-R style dict.txt + fairseq-preprocess (mmap)."""
-    out = Path(out_dir)
-    raw = out / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    docs = split_documents(Path(text_file).read_text(encoding="utf-8"))
-    splits = {
-        "valid": docs[:valid_docs],
-        "test": docs[valid_docs : valid_docs + test_docs],
-        "train": docs[valid_docs + test_docs :],
-    }
-    spm.SentencePieceTrainer.train(
-        input=str(text_file),
-        model_prefix=str(out / "spm"),
+    return build(
+        out_dir,
+        text=[text_file],
         vocab_size=vocab_size,
-        model_type="bpe",
-        byte_fallback=True,
-        character_coverage=1.0,
-        num_threads=2,
-        minloglevel=2,
+        valid_docs=valid_docs,
+        test_docs=test_docs,
+        workers=1,
+        **options,
     )
-    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
-    with open(out / "dict.txt", "w", encoding="utf-8") as f:
-        for i in range(3, sp.get_piece_size()):
-            f.write(f"{sp.id_to_piece(i)} 1\n")
-    for name, split_docs in splits.items():
-        with open(raw / f"{name}.txt", "w", encoding="utf-8") as f:
-            for d in split_docs:
-                for line in d.splitlines():
-                    for sent in sentences(line):
-                        f.write(" ".join(sp.encode(sent, out_type=str)) + "\n")
-                f.write("\n")
-    check(
-        [
-            cli("fairseq-preprocess"),
-            "--only-source",
-            "--srcdict",
-            out / "dict.txt",
-            "--trainpref",
-            raw / "train.txt",
-            "--validpref",
-            raw / "valid.txt",
-            "--testpref",
-            raw / "test.txt",
-            "--destdir",
-            out,
-            "--workers",
-            "1",
-            "--dataset-impl",
-            "mmap",
-        ]
-    )
-    return out
 
 
 TINY_MODEL_ARGS = [

@@ -117,6 +117,8 @@ def test_empty_split_is_a_clear_error(demo_data_bin, tmp_path):
     data.mkdir()
     shutil.copy(demo_data_bin / "dict.txt", data / "dict.txt")
     (tmp_path / "empty.txt").write_text("")
+    symbols = [line.split()[0] for line in (data / "dict.txt").read_text(encoding="utf-8").splitlines()[10:40]]
+    (tmp_path / "train.txt").write_text(" ".join(symbols) + "\n", encoding="utf-8")
     check(
         [
             cli("fairseq-preprocess"),
@@ -124,7 +126,7 @@ def test_empty_split_is_a_clear_error(demo_data_bin, tmp_path):
             "--srcdict",
             data / "dict.txt",
             "--trainpref",
-            demo_data_bin / "raw" / "valid.txt",
+            tmp_path / "train.txt",
             "--validpref",
             tmp_path / "empty.txt",
             "--destdir",

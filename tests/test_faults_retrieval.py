@@ -14,35 +14,33 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import check, load_driver, run
+from test_retrieval import make_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from helpers import check, run  # noqa: E402
-from test_retrieval import make_tiny_model  # noqa: E402
-
-from examples.retrieval import bm25 as bm25_cli  # noqa: E402
-from examples.retrieval import evaluate as evaluate_cli  # noqa: E402
-from examples.retrieval import finetune as finetune_cli  # noqa: E402
-from examples.retrieval import metrics as metrics_cli  # noqa: E402
-from examples.retrieval.bm25 import BM25  # noqa: E402
-from examples.retrieval.common import OutputError  # noqa: E402
-from examples.retrieval.data import DataFormatError, RetrievalData, load_data  # noqa: E402
-from examples.retrieval.finetune import (  # noqa: E402
-    FinetuneConfig,
-    NoDuplicateBatches,
-    build_examples,
-    check_training_data,
-    sample_negatives,
-)
-from examples.retrieval.metrics import (  # noqa: E402
+from seed_fairseq.fileio import OutputError
+from seed_fairseq.retrieval.bm25 import BM25
+from seed_fairseq.retrieval.data import DataFormatError, RetrievalData, load_data
+from seed_fairseq.retrieval.metrics import (
     aggregate,
     evaluate,
     per_query,
     permutation_test,
     write_trec_run,
 )
-from examples.retrieval.search import SearchError, build_index  # noqa: E402
+from seed_fairseq.retrieval.search import SearchError, build_index
+from seed_fairseq.retrieval.training import (
+    FinetuneConfig,
+    NoDuplicateBatches,
+    build_examples,
+    check_training_data,
+    sample_negatives,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+bm25_cli = load_driver("examples/retrieval/bm25.py")
+evaluate_cli = load_driver("examples/retrieval/evaluate.py")
+finetune_cli = load_driver("examples/retrieval/finetune.py")
+metrics_cli = load_driver("examples/retrieval/metrics.py")
 
 RETRIEVAL = REPO / "examples" / "retrieval"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -294,7 +292,7 @@ def test_missing_model_folder(tmp_path):
 def test_max_seq_length_beyond_the_positions_is_capped(tiny_model, capsys):
     """Sibling: reproduce_small's default --max-seq-length 128 on a model with 64
     positions was an index error on the first long text."""
-    from examples.retrieval.search import encode, load_model
+    from seed_fairseq.retrieval.search import encode, load_model
 
     model = load_model(tiny_model, "cpu", 500)
     assert model.max_seq_length == 64 and "using 64" in capsys.readouterr().err
@@ -481,7 +479,9 @@ def test_finetune_interrupted_leaves_nothing(tiny_model, tmp_path, monkeypatch):
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(finetune_cli, "finetune", interrupted)
+    import seed_fairseq.retrieval.training as training
+
+    monkeypatch.setattr(training, "finetune", interrupted)
     with pytest.raises(KeyboardInterrupt):
         finetune_cli.main(
             ["--model", str(tiny_model), "--data", str(data), "--out", str(out), "--no-progress", "--device", "cpu"]
@@ -604,7 +604,7 @@ BAD_FLAGS = [
 
 
 @pytest.mark.parametrize(
-    "module,flags", BAD_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else v.__name__.rsplit(".", 1)[-1]
+    "module,flags", BAD_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else v.__name__.rsplit("_", 1)[-1]
 )
 def test_bad_numeric_flags(tmp_path, capsys, module, flags):
     required = {
@@ -612,7 +612,7 @@ def test_bad_numeric_flags(tmp_path, capsys, module, flags):
         "evaluate": ["--model", "m", "--data", "d"],
         "bm25": ["--data", "d"],
         "metrics": ["--data", "d", "--run", "r"],
-    }[module.__name__.rsplit(".", 1)[-1]]
+    }[module.__name__.rsplit("_", 1)[-1]]
     with pytest.raises(SystemExit) as e:
         module.main(required + flags)
     assert e.value.code == 2

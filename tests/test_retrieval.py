@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from examples.retrieval import data as rdata  # noqa: E402
-from examples.retrieval.bm25 import BM25  # noqa: E402
-from examples.retrieval.data import DataFormatError, load_data, write_beir  # noqa: E402
-from examples.retrieval.metrics import (  # noqa: E402
+from seed_fairseq.retrieval import data as rdata
+from seed_fairseq.retrieval.bm25 import BM25
+from seed_fairseq.retrieval.data import DataFormatError, load_data, write_beir
+from seed_fairseq.retrieval.metrics import (
     compare,
     evaluate,
     per_query,
@@ -24,7 +21,9 @@ from examples.retrieval.metrics import (  # noqa: E402
     read_trec_run,
     write_trec_run,
 )
-from examples.retrieval.search import build_index, search  # noqa: E402
+from seed_fairseq.retrieval.search import build_index, search
+
+REPO = Path(__file__).resolve().parents[1]
 
 DEMO_CORPUS = REPO / "examples" / "data" / "demo_corpus.txt"
 RETRIEVAL = REPO / "examples" / "retrieval"
@@ -289,7 +288,7 @@ def test_derived_retrieval_set(tmp_path):
 def test_no_duplicate_batches():
     from sentence_transformers import InputExample
 
-    from examples.retrieval.finetune import NoDuplicateBatches
+    from seed_fairseq.retrieval.training import NoDuplicateBatches
 
     # 12 examples share 4 negatives: a naive batch of 8 would repeat them
     ex = [InputExample(texts=[f"q{i}", f"p{i}", f"n{i % 4}"]) for i in range(12)]
@@ -305,7 +304,7 @@ def test_no_duplicate_batches():
 def test_triplet_loss_is_the_papers_margin_loss():
     from sentence_transformers.sentence_transformer.losses import TripletLoss
 
-    from examples.retrieval.finetune import neg_dot_distance
+    from seed_fairseq.retrieval.training import neg_dot_distance
 
     q, p, n = (
         torch.tensor([[1.0, 2.0], [0.5, 0.0]]),
@@ -434,8 +433,8 @@ def test_finetune_end_to_end_improves_mrr(tiny_model, learnable_set, tmp_path):
 
 
 def test_ance_rounds_triplet_and_fraction(tiny_model, learnable_set):
-    from examples.retrieval.finetune import FinetuneConfig, finetune, mine_dense
-    from examples.retrieval.search import load_model
+    from seed_fairseq.retrieval.search import load_model
+    from seed_fairseq.retrieval.training import FinetuneConfig, finetune, mine_dense
 
     data = load_data(learnable_set, "train")
     model = load_model(tiny_model, "cpu")

@@ -98,7 +98,7 @@ def test_update_freq_gives_the_gradient_of_the_whole_batch(demo_data_bin):
 
 @pytest.fixture(scope="module")
 def straight_run(demo_data_bin, tmp_path_factory):
-    """40 uninterrupted updates with --update-freq 2 and a tensorboard log."""
+    """60 uninterrupted updates with --update-freq 2 and a tensorboard log."""
     out = tmp_path_factory.mktemp("straight")
     proc = check(
         train_cmd(
@@ -108,7 +108,7 @@ def straight_run(demo_data_bin, tmp_path_factory):
             "2",
             "--tensorboard-logdir",
             out / "tb",
-            max_update=40,
+            max_update=60,
             tokens_per_sample=96,
             batch_size=4,
         )
@@ -118,7 +118,7 @@ def straight_run(demo_data_bin, tmp_path_factory):
 
 def test_both_losses_fall_on_real_text(straight_run):
     out, records = straight_run
-    assert [int(r["num_updates"]) for r in records] == list(range(1, 41))
+    assert [int(r["num_updates"]) for r in records] == list(range(1, 61))
     for key in ("mlm_loss", "dec_loss"):
         first = sum(float(r[key]) for r in records[:5]) / 5
         last = sum(float(r[key]) for r in records[-5:]) / 5

@@ -11,7 +11,6 @@ only then renamed into place.
 
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 
 from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
 from ..dictionary import dictionary_sha256
-from ..fileio import OutputError, check_output_dir, replace_dir, temp_dir_beside, write_json_atomic
+from ..fileio import OutputError, check_output_dir, chmod_tree, replace_dir, temp_dir_beside, write_json_atomic
 from .keymap import fairseq_to_hf
 from .tokenizer import build_tokenizer, fairseq_encode
 
@@ -42,14 +41,6 @@ class ExportError(ValueError):
 # written last into every export: the folder is this tool's own (see fileio.check_output_dir)
 EXPORT_RECORD = "seed_fairseq_export.json"
 
-
-def _chmod_tree(root: Path) -> None:
-    """Library writers (transformers, sentence-transformers) may create files
-    with tempfile's 0600: give everything the umask's permissions."""
-    from ..fileio import dir_mode, file_mode
-
-    for p in [root, *root.rglob("*")]:
-        os.chmod(p, dir_mode() if p.is_dir() else file_mode())
 
 
 def _architecture_problems(m):
@@ -326,7 +317,7 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
                 + [EXPORT_RECORD],
             },
         )
-        _chmod_tree(staging)
+        chmod_tree(staging)
         replace_dir(staging, out)
     finally:
         if staging.exists():

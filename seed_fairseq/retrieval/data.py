@@ -26,10 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from examples.retrieval.common import atomic_path  # noqa: E402
+from ..fileio import atomic_path
 
 
 class DataFormatError(ValueError):

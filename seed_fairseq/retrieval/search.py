@@ -13,10 +13,7 @@ import faiss
 import numpy as np
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from examples.retrieval.data import DataFormatError  # noqa: E402
+from .data import DataFormatError
 
 # Named presets for ``--index``; anything else is passed to faiss.index_factory.
 INDEX_PRESETS = {

@@ -1,0 +1,42 @@
+"""Dense retrieval evaluation: encode the corpus, faiss top-k, ir_measures.
+
+    python examples/retrieval/evaluate.py --model HF_DIR --data DIR --split test --run OUT.trec
+
+HF_DIR is an exported checkpoint (examples/export_to_hf.py) or a folder saved by
+finetune.py: a sentence-transformers model with [CLS] pooling.  The metrics
+(MRR@10, R@100, R@1000, nDCG@10) are printed as one JSON object on the last line.
+"""
+
+from typing import Dict, Tuple
+
+from .data import RetrievalData
+from .metrics import evaluate
+from .search import DenseRetriever
+
+
+def evaluate_model(
+    model,
+    data: RetrievalData,
+    k: int = 1000,
+    batch_size: int = 64,
+    precision: str = "fp32",
+    index: str = "flat",
+    show_progress: bool = True,
+    **index_kwargs,
+) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]:
+    """(metrics, run) of ``model`` on the judged queries of ``data``.
+
+    ValueError when ``data`` has no judged query (see ``metrics.per_query``),
+    :class:`SearchError` for an empty corpus or index settings faiss refuses.
+    """
+    retriever = DenseRetriever(
+        model,
+        data.corpus,
+        batch_size=batch_size,
+        precision=precision,
+        index=index,
+        show_progress=show_progress,
+        **index_kwargs,
+    )
+    run = retriever.retrieve({q: data.queries[q] for q in data.query_ids()}, k=k)
+    return evaluate(data.qrels, run), run
