@@ -42,7 +42,6 @@ class ExportError(ValueError):
 EXPORT_RECORD = "seed_fairseq_export.json"
 
 
-
 def _architecture_problems(m):
     """Why an encoder config has no exact XLMRobertaModel equivalent ([] if it has one)."""
     want = {
