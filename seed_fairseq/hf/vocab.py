@@ -104,6 +104,9 @@ def tokenizer_sha256(tok) -> str:
     """Content identity of a tokenizer: its whole pipeline (normaliser, model with the
     vocabulary, pre-/post-processing) in canonical JSON, plus its special tokens."""
     spec = json.loads(tok.backend_tokenizer.to_str())
+    # call-time settings transformers switches on and off around each call, not the tokenizer
+    spec.pop("truncation", None)
+    spec.pop("padding", None)
     specials = {name: getattr(tok, name, None) for _, name in SPECIAL_ROLES + (("mask", "mask_token"),)}
     data = json.dumps({"tokenizer": spec, "specials": specials}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(data.encode("utf-8")).hexdigest()
