@@ -53,6 +53,15 @@ class TokenizerError(ValueError):
         super().__init__(f"{self.path}: {problem}")
 
 
+def tokenizer_folder(path) -> Path:
+    """Where the tokenizer of ``path`` is: the folder itself, or its ``tokenizer/`` when
+    ``path`` is a data or import folder of this project (it holds :data:`RECORD`)."""
+    path = Path(path)
+    if (path / RECORD).is_file() and (path / TOKENIZER_DIR).is_dir():
+        return path / TOKENIZER_DIR
+    return path
+
+
 def load_fast_tokenizer(path):
     """The folder's own tokenizer through ``AutoTokenizer`` (fast only), offline."""
     path = Path(path)

@@ -51,6 +51,8 @@ from omegaconf import II
 from ..checkpoint import DICTIONARY_SHA256, check_dictionary
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 from ..dictionary import dictionary_sha256
+from ..hf.vocab import load_record as load_tokenizer_record
+from ..hf.vocab import word_start_table
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +150,11 @@ class BottleneckPretrainTask(MaskedLMTask):
         which we can read off the dictionary the data was binarized with.
         """
         d = self.source_dictionary
+        rec = load_tokenizer_record(utils.split_paths(self.cfg.data)[0])
+        if rec is not None:
+            # the ids of a HuggingFace tokenizer (preprocess.build --tokenizer): its own
+            # convention (WordPiece "##" continues, byte-level BPE "Ġ" / sentencepiece "▁" start)
+            return torch.ByteTensor(word_start_table(d.symbols, rec, d.nspecial, self.mask_idx))
         # specials and <mask> stand alone; byte-fallback pieces (<0xNN>)
         # continue the word their "▁" piece started
         starts = [i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START) for i, sym in enumerate(d.symbols)]
