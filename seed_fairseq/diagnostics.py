@@ -16,8 +16,8 @@ Built on what every objective declares, so each objective of the plugin gets the
 * **retrieval probe** (``--retrieval-probe-size N``, off by default): the first N
   validation blocks, each cut in two halves; the first half is the query, the
   second its one positive among the N second halves; ``probe_mrr10`` = MRR@10 of
-  [CLS] dot products (no labels needed), ``probe_candidates`` = N (chance is
-  about 2.9/N).
+  [CLS] dot products (no labels needed; a tie ranks the positive below the
+  others), ``probe_candidates`` = N (chance is about 2.9/N).
 
 Everything runs under ``torch.no_grad()`` in eval mode on the validation subset
 only, draws no random numbers (the permutation is a fixed rotation), and
@@ -150,7 +150,8 @@ def retrieval_probe(
         passages = _encode_all(model, [p for _, p in pairs], pad, batch_size, device)
         scores = queries @ passages.t()
         positive = scores.diagonal().unsqueeze(1)
-        rank = (scores > positive).sum(dim=1) + 1  # ties count for the positive
+        # ties count against the positive: a collapsed encoder (all scores equal) ranks last, not first
+        rank = (scores >= positive).sum(dim=1)
         rr = torch.where(rank <= 10, 1.0 / rank.float(), torch.zeros_like(rank, dtype=torch.float))
     return {PREFIX + "probe_rr_sum": float(rr.sum()), PREFIX + "probe_queries": len(pairs), PREFIX + "probe_runs": 1}
 
@@ -168,8 +169,8 @@ def reduce(logging_outputs) -> None:
         term = key[len(PREFIX) : -len("_cls_sum")]
         units, seqs = total(f"{PREFIX}{term}_cls_units"), total(f"{PREFIX}{term}_cls_seqs")
         if units > 0:
-            metrics.log_scalar(f"{term}_cls_bits", total(key) / units / LN2, units, round=4)
-            metrics.log_scalar(f"{term}_cls_bits_seq", total(key) / seqs / LN2, seqs, round=3)
+            metrics.log_scalar(f"{term}_cls_bits", total(key) / units / LN2, units, round=6)
+            metrics.log_scalar(f"{term}_cls_bits_seq", total(key) / seqs / LN2, seqs, round=4)
     pairs = total(PREFIX + "cos_pairs")
     if pairs > 0:
         metrics.log_scalar("cls_cosine", total(PREFIX + "cos_sum") / pairs, pairs, round=4)
