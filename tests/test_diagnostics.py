@@ -140,23 +140,24 @@ def test_diagnostics_do_not_change_the_training_trajectory(data, tmp_path):
         assert a["valid_loss"] == b["valid_loss"]
 
 
-@pytest.mark.slow
-def test_trained_decoder_takes_bits_from_cls(data, tmp_path):
-    proc = train(
-        data,
-        tmp_path,
-        "--validate-interval-updates",
-        "60",
-        "--dropout",
-        "0",
-        "--attention-dropout",
-        "0",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "16",
-        max_update=60,
-    )
-    (last,) = records(proc, "valid")[-1:]
-    assert float(last["valid_dec_cls_bits"]) > 0, last
-    assert 0 < float(last["valid_cls_cosine"]) <= 1
+def test_trained_decoder_takes_bits_from_cls(data):
+    """Trained on one batch until the decoder can tell its four sequences apart: it can only
+    do that through [CLS], so rotating [CLS] must cost bits (the diagnostic is > 0)."""
+    task, model, criterion = build(data, "--dropout", "0", "--attention-dropout", "0")
+    task.load_dataset("valid")
+    itr = task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False)
+    sample = next(itr)
+    before = task.valid_step(sample, model, criterion)[2]
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        optimizer.zero_grad()
+        criterion(model, sample)[0].backward()
+        optimizer.step()
+    after = task.valid_step(sample, model, criterion)[2]
+    assert after["dec_loss_sum"] < before["dec_loss_sum"] / 2
+    # untrained: [CLS] vectors nearly equal (cosine ~1), rotating them changes almost nothing;
+    # trained: the decoder takes information from them (measured: 6e-5 -> 1.5 nats per batch)
+    assert abs(before["diag_dec_cls_sum"]) < 0.05
+    assert after["diag_dec_cls_sum"] > 0.5, after
+    assert after["diag_cos_sum"] / after["diag_cos_pairs"] < 1
