@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         p.error("--labels needs one label per log")
     runs = [(label, read_valid(log)) for label, log in zip(labels, args.logs)]
     panels = [
-        ("loss (bits per unit)", lambda k: k.endswith("_loss") and k != "loss"),
+        ("loss (bits per unit)", lambda k: k.endswith("_loss") and k not in ("loss", "best_loss")),
         ("bits through [CLS] per sequence\n(own - rotated [CLS])", lambda k: k.endswith("_cls_bits_seq")),
         ("mean [CLS] cosine (anisotropy)", lambda k: k == "cls_cosine"),
         ("retrieval probe MRR@10", lambda k: k == "probe_mrr10"),
