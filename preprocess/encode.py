@@ -32,11 +32,15 @@ def _init_worker(model_path, max_pieces=0):
     _MAX_PIECES = max_pieces
 
 
-def cut_pieces(pieces, max_pieces):
+def starts_spm_word(piece):
+    return piece.startswith(WORD_START)
+
+
+def cut_pieces(pieces, max_pieces, starts_word=starts_spm_word):
     """Consecutive chunks of ``pieces``, each at most ``max_pieces`` long (0 = no limit).
 
-    A chunk ends, by preference, right before the last piece starting with
-    "▁" (a word start) in the second half of the window, so words stay whole
+    A chunk ends, by preference, right before the last piece starting a word
+    (``starts_word``: "▁" for sentencepiece) in the second half of the window, so words stay whole
     and every chunk but the first starts a word; failing that, before a piece
     that is not in the middle of a byte-fallback UTF-8 character; failing
     that, at exactly ``max_pieces``. ``sum(chunks, []) == pieces`` always.
@@ -50,7 +54,7 @@ def cut_pieces(pieces, max_pieces):
         lowest = start + max(1, (max_pieces + 1) // 2)
         cut = None
         for j in range(limit, lowest - 1, -1):
-            if pieces[j].startswith(WORD_START):
+            if starts_word(pieces[j]):
                 cut = j
                 break
         if cut is None:
@@ -116,3 +120,54 @@ def encode_file(src, dst, model_path, workers, chunk_lines=2000, progress=None, 
             if progress is not None:
                 progress.update(n_lines)
     return {"input_lines": n_in, "lines": n_out, "lines_cut": n_cut, "chunks_added": n_out - n_in}
+
+
+def encode_file_hf(src, dst, tokenizer_dir, progress=None, max_pieces=0, chunk_lines=2000):
+    """``encode_file`` with a HuggingFace tokenizer instead of sentencepiece: each line's
+    tokens (no special tokens) written as the fairseq dictionary's symbols (the model's
+    own tokens, see seed_fairseq.hf.vocab), cut before word starts like spm pieces.
+
+    The tokenizer runs in this process (its Rust core uses the cores itself).  A
+    line the tokenizer reduces to nothing is dropped (counted), never written as
+    an empty line, which fairseq would read as a document boundary.
+    """
+    from seed_fairseq.hf.vocab import load_fast_tokenizer, starts_word, vocab_from_tokenizer
+
+    tok = load_fast_tokenizer(tokenizer_dir)
+    vocab = vocab_from_tokenizer(tok, tokenizer_dir)
+    symbols = [vocab.symbols[f] for f in vocab.hf_to_fairseq]  # HF id -> dict.txt symbol
+
+    def starts(symbol):
+        return starts_word(symbol, vocab.boundary)
+
+    backend = tok.backend_tokenizer
+    backend.no_truncation()
+    backend.no_padding()
+    n_in = n_out = n_cut = n_dropped = 0
+    with open(dst, "w", encoding="utf-8", newline="\n") as out:
+        for lines in _chunks(src, chunk_lines):
+            texts = [line for line in lines if line]
+            encoded = iter(backend.encode_batch(texts, add_special_tokens=False)) if texts else iter(())
+            for line in lines:
+                if not line:
+                    out.write("\n")
+                    n_out += 1
+                    continue
+                pieces = [symbols[i] for i in next(encoded).ids]
+                if not pieces:
+                    n_dropped += 1
+                    continue
+                chunks = cut_pieces(pieces, max_pieces, starts)
+                n_cut += len(chunks) > 1
+                out.writelines(" ".join(chunk) + "\n" for chunk in chunks)
+                n_out += len(chunks)
+            n_in += len(lines)
+            if progress is not None:
+                progress.update(len(lines))
+    return {
+        "input_lines": n_in,
+        "lines": n_out,
+        "lines_cut": n_cut,
+        "chunks_added": n_out - n_in + n_dropped,
+        "lines_dropped": n_dropped,
+    }

@@ -62,21 +62,45 @@ def split_prefix(name: str, shards: int) -> str:
     return f"shard{shard}/{base}"
 
 
-def planned_outputs(shards: int, split_names: Iterable[str]) -> List[str]:
-    """Every file a build with these splits writes in OUT, relative, the record last."""
-    files = ["dict.txt", "spm.model", "spm.vocab"]
+# what a build writes beside the data: its vocabulary (sentencepiece, or a HF tokenizer's)
+SPM_FILES = ("dict.txt", "spm.model", "spm.vocab")
+SPM_SHARD_FILES = ("dict.txt", "spm.model")
+TOKENIZER_FILES = ("dict.txt", "hf_tokenizer.json")  # + tokenizer/<its files>
+TOKENIZER_SHARD_FILES = ("dict.txt", "hf_tokenizer.json")
+# the tokenizer files a build expects to write (checked for collisions before it starts;
+# finalize checks the actual list again)
+EXPECTED_TOKENIZER_FILES = ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json")
+
+
+def vocab_outputs(shards: int, tokenizer_files: Optional[Iterable[str]] = None) -> List[str]:
+    """The vocabulary files of a build: sentencepiece's, or (``tokenizer_files`` given) a
+    HF tokenizer's."""
+    if tokenizer_files is None:
+        files = list(SPM_FILES)
+        per_shard = SPM_SHARD_FILES
+    else:
+        files = list(TOKENIZER_FILES) + sorted(tokenizer_files)
+        per_shard = TOKENIZER_SHARD_FILES
     if shards > 1:
         for k in range(shards):
-            files += [f"shard{k}/dict.txt", f"shard{k}/spm.model"]
+            files += [f"shard{k}/{name}" for name in per_shard]
+    return files
+
+
+def planned_outputs(
+    shards: int, split_names: Iterable[str], tokenizer_files: Optional[Iterable[str]] = None
+) -> List[str]:
+    """Every file a build with these splits writes in OUT, relative, the record last."""
+    files = vocab_outputs(shards, tokenizer_files)
     for name in split_names:
         prefix = split_prefix(name, shards)
         files += [prefix + ".bin", prefix + ".idx"]
     return files + [RECORD]
 
 
-def possible_outputs(shards: int) -> List[str]:
+def possible_outputs(shards: int, tokenizer_files: Optional[Iterable[str]] = None) -> List[str]:
     """What a build with ``shards`` may write, whichever held-out splits it ends with."""
-    return planned_outputs(shards, ["valid", "test"] + [f"train{k}" for k in range(shards)])
+    return planned_outputs(shards, ["valid", "test"] + [f"train{k}" for k in range(shards)], tokenizer_files)
 
 
 def record_outputs(record: Dict[str, Any]) -> List[str]:
@@ -267,7 +291,6 @@ def build_record(
     results of the stages; ``outputs``: every file written in OUT, relative.
     """
     from . import text as textmod
-    from . import vocab as vocabmod
 
     a = args
     split_result = results["split"]
@@ -284,8 +307,7 @@ def build_record(
         )
     totals = results["extract"]["totals"]
     source_stats = results["extract"]["sources"]
-    pieces = results["vocab"]["pieces"]
-    return {
+    record = {
         "format": RECORD_FORMAT,
         "tool": TOOL,
         "normalization": {
@@ -312,30 +334,11 @@ def build_record(
             "a line of more than max_line_pieces pieces is cut into consecutive chunks "
             "of at most max_line_pieces pieces, one per line, pieces unchanged (0 = no cut)",
         },
-        "sentencepiece": {
-            "model": "spm.model",
-            "model_type": "bpe",
-            "vocab_size": pieces,
-            "normalization_rule_name": "identity",
-            "byte_fallback": a.byte_fallback,
-            "character_coverage": a.character_coverage,
-            "special_ids": {"unk": 0, "bos": 1, "eos": 2, "pad": -1},
-            "sample_sentences_requested": a.spm_sample_sentences,
-            "sample_lines_used": results["vocab"]["sample_lines"],
-        },
-        "fairseq_dictionary": {
-            "file": "dict.txt",
-            "convention": "xlm-r (fairseq_offset=1)",
-            "rule": "fairseq = spm + 1 for spm >= 3; spm <unk> 0 -> 3, <s> 1 -> 0, </s> 2 -> 2; "
-            "<pad> = 1; <mask> appended by the task = len(spm) + 1",
-            "function": "preprocess.vocab.spm_to_fairseq_id",
-            "counts": "1 for every piece",
-            "size_with_specials": pieces + 1,
-            "mask_index": vocabmod.spm_to_fairseq_id(pieces - 1) + 1,
-            # seed_fairseq.dictionary.dictionary_sha256: compared by the training
-            # task, checkpoints and the HF export before ids are trusted.
-            "sha256": dictionary_sha256,
-        },
+        **(
+            _tokenizer_sections(results["vocab"], dictionary_sha256)
+            if getattr(a, "tokenizer", None)
+            else _spm_sections(a, results["vocab"], dictionary_sha256)
+        ),
         "sources": [
             dict(kind=s["kind"], path=s["path"], sha256=s["sha256"], stats=stats)
             for s, stats in zip(sources, source_stats)
@@ -361,6 +364,54 @@ def build_record(
         # sha256 of each input file with the size and mtime it had when it was
         # hashed: a rerun rehashes only files whose size or mtime changed.
         "input_files": input_files,
+    }
+    return record
+
+
+def _spm_sections(a, vocab_result: Dict[str, Any], dictionary_sha256: str) -> Dict[str, Any]:
+    from . import vocab as vocabmod
+
+    pieces = vocab_result["pieces"]
+    return {
+        "sentencepiece": {
+            "model": "spm.model",
+            "model_type": "bpe",
+            "vocab_size": pieces,
+            "normalization_rule_name": "identity",
+            "byte_fallback": a.byte_fallback,
+            "character_coverage": a.character_coverage,
+            "special_ids": {"unk": 0, "bos": 1, "eos": 2, "pad": -1},
+            "sample_sentences_requested": a.spm_sample_sentences,
+            "sample_lines_used": vocab_result["sample_lines"],
+        },
+        "fairseq_dictionary": {
+            "file": "dict.txt",
+            "convention": "xlm-r (fairseq_offset=1)",
+            "rule": "fairseq = spm + 1 for spm >= 3; spm <unk> 0 -> 3, <s> 1 -> 0, </s> 2 -> 2; "
+            "<pad> = 1; <mask> appended by the task = len(spm) + 1",
+            "function": "preprocess.vocab.spm_to_fairseq_id",
+            "counts": "1 for every piece",
+            "size_with_specials": pieces + 1,
+            "mask_index": vocabmod.spm_to_fairseq_id(pieces - 1) + 1,
+            # seed_fairseq.dictionary.dictionary_sha256: compared by the training
+            # task, checkpoints and the HF export before ids are trusted.
+            "sha256": dictionary_sha256,
+        },
+    }
+
+
+def _tokenizer_sections(vocab_result: Dict[str, Any], dictionary_sha256: str) -> Dict[str, Any]:
+    return {
+        "tokenizer": dict(vocab_result["record"], files=vocab_result["tokenizer_files"], source=vocab_result["source"]),
+        "fairseq_dictionary": {
+            "file": "dict.txt",
+            "convention": "the tokenizer's own ids (seed_fairseq.hf.vocab)",
+            "rule": vocab_result["record"]["rule"],
+            "counts": "1 for every token",
+            "size_with_specials": vocab_result["pieces"],
+            "mask_index": vocab_result["pieces"] - 1,
+            "sha256": dictionary_sha256,
+        },
     }
 
 

@@ -19,8 +19,12 @@ import torch
 from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
 from ..dictionary import dictionary_sha256
 from ..fileio import OutputError, check_output_dir, chmod_tree, replace_dir, temp_dir_beside, write_json_atomic
+from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .tokenizer import build_tokenizer, fairseq_encode
+from .vocab import RECORD as VOCAB_RECORD
+from .vocab import TOKENIZER_DIR, TokenizerError, fairseq_to_hf_from_record, load_fast_tokenizer, vocab_from_tokenizer
+from .vocab import load_record as load_vocab_record
 
 logger = logging.getLogger("seed_fairseq.hf")
 
@@ -68,18 +72,92 @@ def _architecture_problems(m):
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_accurate": "gelu_new", "tanh": "tanh"}
 
 
+class SpmTexts:
+    """Data folders of ``preprocess.build`` with sentencepiece: the export builds a fast
+    tokenizer reproducing normalisation + spm + the XLM-R id rule (fairseq ids = HF ids)."""
+
+    def __init__(self, data, dictionary, sp, record):
+        self.data, self.dictionary, self.sp, self.record = Path(data), dictionary, sp, record
+        self.fairseq_to_hf = None  # the identity
+        self.pad = dictionary.pad()
+        self.bos, self.eos = dictionary.bos(), dictionary.eos()
+
+    def reference_ids(self, text, max_len):
+        return fairseq_encode(text, self.sp, self.dictionary, self.record, max_length=max_len)
+
+    def decode(self, fairseq_ids):
+        from preprocess.vocab import fairseq_to_spm_id
+
+        ids = [fairseq_to_spm_id(int(t)) for t in fairseq_ids if int(t) > 3]
+        return self.sp.decode(ids) if ids else None
+
+    def tokenizer(self, max_len):
+        return build_tokenizer(self.data / "spm.model", self.record, max_len)
+
+    def describe(self):
+        return ", ".join(self.record.get("steps", []))
+
+
+class HFTexts:
+    """Data (or import) folders whose ids come from a HuggingFace tokenizer (``--tokenizer``,
+    ``examples/import_from_hf.py``): the export writes that same tokenizer and puts the
+    embedding rows back into its id order (``hf/vocab.py``)."""
+
+    def __init__(self, data, tok, vocab):
+        self.data, self.tok, self.vocab = Path(data), tok, vocab
+        self.fairseq_to_hf = vocab.fairseq_to_hf
+        self.hf_to_fairseq = vocab.hf_to_fairseq
+        self.pad, self.bos, self.eos = (vocab.fairseq_to_hf[i] for i in (1, 0, 2))
+        self.record = {}
+
+    def reference_ids(self, text, max_len):
+        return self.tok(text, truncation=True, max_length=max_len)["input_ids"]
+
+    def decode(self, fairseq_ids):
+        ids = [self.fairseq_to_hf[int(t)] for t in fairseq_ids if int(t) > 3]
+        return self.tok.decode(ids, skip_special_tokens=True) if ids else None
+
+    def tokenizer(self, max_len):
+        tok = load_fast_tokenizer(self.data / TOKENIZER_DIR)
+        tok.model_max_length = max_len
+        return tok
+
+    def describe(self):
+        return f"the model's own tokenizer ({type(self.tok).__name__})"
+
+
+def _hf_texts(data, dictionary, rec):
+    """The HF tokenizer of a data/import folder, checked against its record and dict.txt."""
+    try:
+        tok = load_fast_tokenizer(data / TOKENIZER_DIR)
+        vocab = vocab_from_tokenizer(tok, data / TOKENIZER_DIR)
+    except TokenizerError as e:
+        raise ExportError(str(e)) from e
+    if vocab.sha256 != rec.get("tokenizer_sha256") or vocab.fairseq_to_hf != fairseq_to_hf_from_record(rec):
+        raise ExportError(f"{data / TOKENIZER_DIR}: is not the tokenizer {data / VOCAB_RECORD} records")
+    if dictionary.symbols[4:] != vocab.symbols[4:]:
+        raise ExportError(f"{data / 'dict.txt'}: does not list the tokenizer's vocabulary in its id order")
+    return HFTexts(data, tok, vocab)
+
+
 def load_inputs(checkpoint, data):
-    """Checkpoint, its model config, the data's dictionary/spm/normalisation record, and
-    the state-dict prefixes that are not exported (the model's pre-training-only modules)."""
+    """Checkpoint, its model config, the data's dictionary and texts (how raw text becomes
+    ids), and the state-dict prefixes that are not exported (the pre-training-only modules)."""
     from fairseq.data import Dictionary
 
     import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
 
     checkpoint, data = Path(checkpoint), Path(data)
-    for name in ("dict.txt", "spm.model", "preprocess.json"):
-        if not (data / name).is_file():
+    try:
+        hf_record = load_vocab_record(data)
+    except TokenizerError as e:
+        raise ExportError(str(e)) from e
+    needed = ("dict.txt", TOKENIZER_DIR) if hf_record else ("dict.txt", "spm.model", "preprocess.json")
+    for name in needed:
+        if not (data / name).exists():
             raise ExportError(
-                f"{data / name}: not found; --data must be the folder written by python -m preprocess.build"
+                f"{data / name}: not found; --data must be the folder written by python -m preprocess.build "
+                "(or by examples/import_from_hf.py)"
             )
     try:
         state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)})
@@ -111,7 +189,7 @@ def load_inputs(checkpoint, data):
             f"{data / 'dict.txt'}: gives {len(dictionary)} symbols (with specials and <mask>) but the "
             f"checkpoint's embedding has {rows} rows: not the data this model was trained on"
         )
-    record_all = json.loads((data / "preprocess.json").read_text())
+    record_all = json.loads((data / "preprocess.json").read_text()) if (data / "preprocess.json").is_file() else {}
     recorded = (record_all.get("fairseq_dictionary") or {}).get("sha256")
     if recorded and recorded != dictionary_sha256(data / "dict.txt"):
         raise ExportError(
@@ -122,6 +200,8 @@ def load_inputs(checkpoint, data):
         check_dictionary(state, checkpoint, data / "dict.txt", len(dictionary))
     except CheckpointError as e:
         raise ExportError(str(e)) from e
+    if hf_record:
+        return state, cfg, model_cfg, dictionary, _hf_texts(data, dictionary, hf_record), dropped
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
@@ -131,11 +211,10 @@ def load_inputs(checkpoint, data):
             f"{data / 'spm.model'}: its pieces do not match {data / 'dict.txt'} under the XLM-R id rule "
             f"(spm has {sp.get_piece_size()} pieces, the dictionary {len(dictionary)} symbols)"
         )
-    record = record_all["normalization"]
-    return state, cfg, model_cfg, dictionary, sp, record, dropped
+    return state, cfg, model_cfg, dictionary, SpmTexts(data, dictionary, sp, record_all["normalization"]), dropped
 
 
-def hf_config(model_cfg, vocab_size, with_lm_head):
+def hf_config(model_cfg, vocab_size, with_lm_head, pad=1, bos=0, eos=2):
     from transformers import XLMRobertaConfig
 
     return XLMRobertaConfig(
@@ -147,30 +226,28 @@ def hf_config(model_cfg, vocab_size, with_lm_head):
         hidden_act=ACTIVATIONS[model_cfg.get("activation_fn", "gelu")],
         hidden_dropout_prob=model_cfg.get("dropout", 0.1),
         attention_probs_dropout_prob=model_cfg.get("attention_dropout", 0.1),
-        # fairseq's learned positions start after the padding index (1)
-        max_position_embeddings=model_cfg["max_positions"] + 2,
+        # positions start after the padding index, in fairseq (1) and in XLM-R (pad)
+        max_position_embeddings=model_cfg["max_positions"] + pad + 1,
         type_vocab_size=1,
-        layer_norm_eps=1e-5,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
+        layer_norm_eps=model_cfg.get("encoder_layer_norm_eps") or 1e-5,
+        pad_token_id=pad,
+        bos_token_id=bos,
+        eos_token_id=eos,
         architectures=["XLMRobertaForMaskedLM" if with_lm_head else "XLMRobertaModel"],
     )
 
 
-def _check_texts(sp, data, n=24):
+def _check_texts(texts_source, data, n=24):
     """Real text: the first lines of the data's valid split, decoded, plus edge cases."""
     from fairseq.data import data_utils
 
     texts = list(CHECK_STRINGS)
     valid = data_utils.load_indexed_dataset(str(Path(data) / "valid"), None)
     if valid is not None:
-        from preprocess.vocab import fairseq_to_spm_id
-
         for i in range(min(n, len(valid))):
-            ids = [fairseq_to_spm_id(int(t)) for t in valid[i] if int(t) > 3]
-            if ids:
-                texts.append(sp.decode(ids))
+            text = texts_source.decode(valid[i])
+            if text:
+                texts.append(text)
     # longer than the model: exercises truncation
     texts.append(" ".join(texts) * 8)
     return texts
@@ -180,28 +257,50 @@ def _max_abs_diff(a, b, mask):
     return (a - b).abs()[mask.bool()].max().item()
 
 
-def verify(fairseq_model, hf_model, tokenizer, sp, dictionary, record, texts, max_len, atol, with_lm_head):
+def verify(fairseq_model, hf_model, tokenizer, texts_source, texts, max_len, atol, with_lm_head):
     """Token ids and outputs of fairseq vs HF on the same strings; raises ExportError."""
     for text in texts:
-        ref = fairseq_encode(text, sp, dictionary, record, max_length=max_len)
+        ref = texts_source.reference_ids(text, max_len)
         got = tokenizer(text, truncation=True, max_length=max_len)["input_ids"]
         if ref != got:
             raise ExportError(f"tokenizer ids differ from fairseq's for {text[:60]!r}: {got[:12]} vs {ref[:12]}")
     batch = tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+    fs_ids = batch["input_ids"]
+    if texts_source.fairseq_to_hf is not None:
+        fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
     with torch.no_grad():
-        fs_features, _ = fairseq_model(batch["input_ids"], features_only=True)
+        fs_features, _ = fairseq_model(fs_ids, features_only=True)
         hf_out = hf_model(**batch, output_hidden_states=True)
         hf_features = hf_out.hidden_states[-1]
         diff = _max_abs_diff(fs_features, hf_features, batch["attention_mask"])
         if with_lm_head:
-            fs_logits, _ = fairseq_model(batch["input_ids"])
-            diff = max(diff, _max_abs_diff(fs_logits, hf_out.logits, batch["attention_mask"]))
+            fs_logits, _ = fairseq_model(fs_ids)
+            hf_logits = hf_out.logits
+            if texts_source.fairseq_to_hf is not None:
+                hf_logits = hf_logits[..., texts_source.fairseq_to_hf]
+            diff = max(diff, _max_abs_diff(fs_logits, hf_logits, batch["attention_mask"]))
     if not diff <= atol:
         raise ExportError(f"HF outputs differ from fairseq's: max abs diff {diff:.3g} > {atol:g}")
     return diff
 
 
-def model_card(cfg, model_cfg, state, record, diff, with_lm_head):
+def to_hf_order(hf_state, texts_source, with_lm_head):
+    """Rows in fairseq id order -> the tokenizer's, positions to its padding index."""
+    if texts_source.fairseq_to_hf is None:
+        return hf_state
+    prefix = "roberta." if with_lm_head else ""
+    inverse = torch.as_tensor(texts_source.hf_to_fairseq)
+    for key in (prefix + "embeddings.word_embeddings.weight", "lm_head.decoder.weight", "lm_head.bias"):
+        if key in hf_state:
+            hf_state[key] = hf_state[key][inverse].contiguous()
+    if "lm_head.bias" in hf_state:
+        hf_state["lm_head.decoder.bias"] = hf_state["lm_head.bias"]
+    pos = prefix + "embeddings.position_embeddings.weight"
+    hf_state[pos] = fairseq_positions_to_hf(hf_state[pos], texts_source.pad)
+    return hf_state
+
+
+def model_card(cfg, model_cfg, state, texts_source, diff, with_lm_head):
     t, o = cfg.get("task", {}), cfg.get("optimization", {})
     crit, ds = cfg.get("criterion", {}), cfg.get("dataset", {})
     hist = state.get("optimizer_history") or [{}]
@@ -219,7 +318,7 @@ def model_card(cfg, model_cfg, state, record, diff, with_lm_head):
         "tokens per sample": t.get("tokens_per_sample"),
         "sample break mode": t.get("sample_break_mode"),
         "mask prob": t.get("mask_prob"),
-        "text normalisation": ", ".join(record.get("steps", [])),
+        "tokenizer": texts_source.describe(),
     }
     table = "\n".join(f"| {k} | {v} |" for k, v in rows.items())
     head = "XLMRobertaForMaskedLM (with the MLM head)" if with_lm_head else "XLMRobertaModel (encoder only)"
@@ -258,22 +357,23 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
         raise ExportError(str(e)) from e
     if earlier and not force:
         raise ExportError(f"{out}: holds an earlier export; pass --force to replace it")
-    state, cfg, model_cfg, dictionary, sp, record, dropped = load_inputs(checkpoint, data)
+    state, cfg, model_cfg, dictionary, texts_source, dropped = load_inputs(checkpoint, data)
     max_len = model_cfg["max_positions"]
 
-    config = hf_config(model_cfg, len(dictionary), with_lm_head)
+    src = texts_source
+    config = hf_config(model_cfg, len(dictionary), with_lm_head, pad=src.pad, bos=src.bos, eos=src.eos)
     hf_model = (XLMRobertaForMaskedLM if with_lm_head else XLMRobertaModel)(config).eval()
     hf_state = fairseq_to_hf(state["model"], model_cfg["encoder_layers"], with_lm_head, dropped_prefixes=dropped)
-    hf_model.load_state_dict(hf_state, strict=True)
-    tokenizer = build_tokenizer(Path(data) / "spm.model", record, max_len)
+    hf_model.load_state_dict(to_hf_order(hf_state, src, with_lm_head), strict=True)
+    tokenizer = src.tokenizer(max_len)
 
     # reuse the state read by load_inputs (hf_state holds clones) instead of reading the file again
     (fs_model,), _ = checkpoint_utils.load_model_ensemble(
         [str(checkpoint)], arg_overrides={"data": str(data)}, state=state
     )
     fs_model.eval()
-    texts = _check_texts(sp, data)
-    diff = verify(fs_model, hf_model, tokenizer, sp, dictionary, record, texts, max_len, atol, with_lm_head)
+    texts = _check_texts(src, data)
+    diff = verify(fs_model, hf_model, tokenizer, src, texts, max_len, atol, with_lm_head)
     logger.info(f"fairseq vs HF: ids equal on {len(texts)} strings, max abs diff {diff:.2e}")
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -287,16 +387,14 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
             word = models.Transformer(str(staging), max_seq_length=max_len)
             pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="cls")
             SentenceTransformer(modules=[word, pooling], device="cpu").save(str(staging))
-        (staging / "README.md").write_text(model_card(cfg, model_cfg, state, record, diff, with_lm_head))
+        (staging / "README.md").write_text(model_card(cfg, model_cfg, state, src, diff, with_lm_head))
         # the written folder, reloaded the way users will load it
         auto = (AutoModelForMaskedLM if with_lm_head else AutoModel).from_pretrained(staging).eval()
         verify(
             fs_model,
             auto,
             AutoTokenizer.from_pretrained(staging),
-            sp,
-            dictionary,
-            record,
+            src,
             texts,
             max_len,
             atol,

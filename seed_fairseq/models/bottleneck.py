@@ -22,6 +22,7 @@ from typing import Tuple
 
 import torch
 from fairseq.models.roberta import RobertaModel
+from fairseq.utils import safe_getattr
 
 from ..checkpoint import EMBED_KEY, CheckpointError
 
@@ -45,6 +46,28 @@ class BottleneckEncoderModel(RobertaModel):
 
     pretraining_only_prefixes: Tuple[str, ...] = ()
     pretraining_only_config_prefixes: Tuple[str, ...] = ()
+
+    @staticmethod
+    def add_args(parser):
+        """RoBERTa's options plus what every bottleneck model's encoder shares."""
+        RobertaModel.add_args(parser)
+        parser.add_argument(
+            "--encoder-layer-norm-eps",
+            type=float,
+            metavar="EPS",
+            help="epsilon of the encoder's LayerNorms (default: fairseq's 1e-5); 1e-12 continues a "
+            "BERT model imported with examples/import_from_hf.py exactly",
+        )
+
+    def __init__(self, args, encoder):
+        super().__init__(args, encoder)
+        eps = safe_getattr(args, "encoder_layer_norm_eps", None)
+        if eps is not None:
+            # fairseq builds every LayerNorm with eps 1e-5 and has no option for it
+            # (apex's FusedLayerNorm, used when installed, also reads .eps)
+            for module in self.encoder.modules():
+                if "LayerNorm" in type(module).__name__ and hasattr(module, "eps"):
+                    module.eps = float(eps)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -11,7 +11,6 @@ import argparse
 import logging
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.roberta import RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.models.transformer import transformer_legacy
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
@@ -39,7 +38,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
 
     @staticmethod
     def add_args(parser):
-        RobertaModel.add_args(parser)
+        BottleneckEncoderModel.add_args(parser)
         parser.add_argument(
             "--decoder-layers",
             type=int,

