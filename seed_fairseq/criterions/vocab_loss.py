@@ -1,0 +1,78 @@
+"""How criterions compute a loss over the vocabulary: options shared by every objective.
+
+A criterion config that subclasses :class:`VocabLossConfig` gets
+
+* ``--vocab-loss chunked`` (default): ``linear_cross_entropy`` from
+  ``seed_fairseq/modules/linear_cross_entropy.py``; the logits are never
+  materialised (chunks of positions, recomputed in backward);
+* ``--vocab-loss plain``: the full logits then ``F.cross_entropy`` (the reference,
+  and what every run before this option computed);
+* ``--vocab-loss liger`` / ``cce``: the fused CUDA kernels of ``liger-kernel`` /
+  ``cut-cross-entropy`` when installed (never required);
+* ``--vocab-loss-chunk-size N``: positions per chunk (0: about 2**22 logits per chunk).
+
+and calls :func:`vocab_term` with the features before a vocabulary projection
+and that projection's weight (and bias).
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from ..modules.linear_cross_entropy import IMPLEMENTATIONS, linear_cross_entropy
+from .multi_term import Term
+
+VOCAB_LOSS_CHOICES = ChoiceEnum(list(IMPLEMENTATIONS))
+
+
+@dataclass
+class VocabLossConfig(FairseqDataclass):
+    vocab_loss: VOCAB_LOSS_CHOICES = field(
+        default="chunked",
+        metadata={
+            "help": "how cross-entropy over the vocabulary is computed: chunked (no full logits, recomputed in "
+            "backward; the default), plain (full logits, the reference), liger or cce (their fused CUDA kernels, "
+            "when installed). Same loss and gradients up to floating-point summation order"
+        },
+    )
+    vocab_loss_chunk_size: int = field(
+        default=0,
+        metadata={"help": "positions per chunk of --vocab-loss chunked (0: about 2**22 logits per chunk)"},
+    )
+
+
+def check_vocab_loss(implementation: str, chunk_size: int) -> None:
+    """One clear error for an option that cannot work, raised when the criterion is built."""
+    if chunk_size < 0:
+        raise ValueError(f"--vocab-loss-chunk-size must be >= 0, got {chunk_size}")
+    module = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}.get(str(implementation))
+    if module is not None:
+        import importlib.util
+
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"--vocab-loss {implementation} needs the {module} package, which is not installed")
+
+
+def vocab_term(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    pad: int,
+    bias: Optional[torch.Tensor] = None,
+    implementation: str = "chunked",
+    chunk_size: int = 0,
+) -> Term:
+    """The summed NLL (fp32) and correct count of predicting ``target`` (``pad`` ignored)
+    from ``hidden @ weight.T + bias``."""
+    nll, correct = linear_cross_entropy(
+        hidden,
+        weight,
+        target,
+        bias=bias,
+        ignore_index=pad,
+        chunk_size=chunk_size or None,
+        implementation=str(implementation),
+    )
+    return Term(nll, correct)
