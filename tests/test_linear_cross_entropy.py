@@ -1,6 +1,7 @@
-"""The chunked linear cross-entropy equals the plain one (full logits + F.cross_entropy),
-loss and gradients, in every dtype the CPU runs; and SEED's criterion gives the same
-terms and gradients through either path.
+"""The chunked linear cross-entropy (gradients computed in forward, or recomputed in
+backward) equals the plain one (full logits + F.cross_entropy), loss and gradients, in
+every dtype the CPU runs; and SEED's criterion gives the same terms and gradients
+through either path.
 
 Tolerances: fp32 -- the two paths differ only in summation order (the loss is a sum
 over positions, the weight gradient a sum over chunks): rtol 1e-5.  bf16 / fp16 -- the
@@ -59,13 +60,17 @@ def _run(fn, hidden, weight, bias, target, scale=0.37, **kw):
     return nll.detach(), correct, grads
 
 
+CHUNKED = ("chunked", "recompute")
+
+
+@pytest.mark.parametrize("implementation", CHUNKED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, None])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_chunked_equals_plain(dtype, chunk_size, bias):
+def test_chunked_equals_plain(implementation, dtype, chunk_size, bias):
     hidden, weight, b, target = _inputs(dtype, bias)
     ref = _run(plain_linear_cross_entropy, hidden, weight, b, target)
-    got = _run(linear_cross_entropy, hidden, weight, b, target, chunk_size=chunk_size)
+    got = _run(linear_cross_entropy, hidden, weight, b, target, chunk_size=chunk_size, implementation=implementation)
     assert got[0].dtype == torch.float32 and ref[0].dtype == torch.float32
     torch.testing.assert_close(got[0], ref[0], **TOL[dtype])
     assert int(got[1]) == int(ref[1]) and int(ref[1]) > 5
@@ -79,10 +84,13 @@ def test_chunked_equals_plain(dtype, chunk_size, bias):
     assert torch.equal(got[2][0][target.eq(PAD)], torch.zeros_like(got[2][0][target.eq(PAD)]))
 
 
-def test_fp32_equals_a_hand_written_loss():
+@pytest.mark.parametrize("implementation", CHUNKED)
+def test_fp32_equals_a_hand_written_loss(implementation):
     """Against log-softmax written out: the summed NLL and the argmax count."""
     hidden, weight, b, target = _inputs(torch.float32)
-    nll, correct = linear_cross_entropy(hidden, weight, target, bias=b, ignore_index=PAD, chunk_size=5)
+    nll, correct = linear_cross_entropy(
+        hidden, weight, target, bias=b, ignore_index=PAD, chunk_size=5, implementation=implementation
+    )
     logits = hidden.detach().double() @ weight.detach().double().t() + b.detach().double()
     logp = logits - logits.exp().sum(-1, keepdim=True).log()
     keep = target.ne(PAD)
@@ -91,23 +99,26 @@ def test_fp32_equals_a_hand_written_loss():
     assert int(correct) == int((logits.argmax(-1).eq(target) & keep).sum())
 
 
-def test_default_ignore_index_and_all_ignored():
+@pytest.mark.parametrize("implementation", CHUNKED)
+def test_default_ignore_index_and_all_ignored(implementation):
     hidden, weight, _, target = _inputs(torch.float32, bias=False)
     t = target.clone()
     t[0] = -100
-    nll, _ = linear_cross_entropy(hidden, weight, t)
+    nll, _ = linear_cross_entropy(hidden, weight, t, implementation=implementation)
     ref, _ = plain_linear_cross_entropy(hidden, weight, t)
     torch.testing.assert_close(nll, ref)
     # nothing to predict: 0, and a backward that reaches the parameters with zero gradient
     none = torch.full_like(target, PAD)
-    nll, correct = linear_cross_entropy(hidden, weight, none, ignore_index=PAD)
-    assert float(nll) == 0.0 and int(correct) == 0
+    nll, correct = linear_cross_entropy(hidden, weight, none, ignore_index=PAD, implementation=implementation)
+    assert float(nll.detach()) == 0.0 and int(correct) == 0
     nll.backward()
     assert torch.equal(weight.grad, torch.zeros_like(weight))
 
 
-def test_chunks_really_bound_the_logits(monkeypatch):
-    """No matmul ever produces more than chunk_size rows of logits."""
+@pytest.mark.parametrize("implementation,passes", [("chunked", 1), ("recompute", 2)])
+def test_chunks_really_bound_the_logits(monkeypatch, implementation, passes):
+    """No matmul ever produces more than chunk_size rows of logits; "chunked" computes
+    them once (gradients in forward), "recompute" again in backward."""
     import seed_fairseq.modules.linear_cross_entropy as lce
 
     rows = []
@@ -119,11 +130,26 @@ def test_chunks_really_bound_the_logits(monkeypatch):
 
     monkeypatch.setattr(lce, "_chunk_logits", spy)
     hidden, weight, b, target = _inputs(torch.float32)
-    nll, _ = linear_cross_entropy(hidden, weight, target, bias=b, ignore_index=PAD, chunk_size=10)
+    nll, _ = linear_cross_entropy(
+        hidden, weight, target, bias=b, ignore_index=PAD, chunk_size=10, implementation=implementation
+    )
     nll.backward()
     kept = int(target.ne(PAD).sum())
-    assert max(rows) == 10 and sum(rows) == 2 * kept  # forward + recomputation in backward
-    assert default_chunk_size(32768) == 128 and default_chunk_size(397) == 2**22 // 397
+    assert max(rows) == 10 and sum(rows) == passes * kept
+    assert default_chunk_size(32768) == 512 and default_chunk_size(397) == 2**24 // 397
+
+
+def test_no_gradient_work_without_autograd(monkeypatch):
+    """Under no_grad (validation) or for inputs that need no gradient, forward computes none."""
+    import seed_fairseq.modules.linear_cross_entropy as lce
+
+    calls = []
+    monkeypatch.setattr(lce, "_accumulate", lambda *a: calls.append(1))
+    hidden, weight, b, target = _inputs(torch.float32)
+    with torch.no_grad():
+        nll, _ = linear_cross_entropy(hidden, weight, target, bias=b, ignore_index=PAD)
+    linear_cross_entropy(hidden.detach(), weight.detach(), target, ignore_index=PAD)
+    assert not calls and float(nll) > 0
 
 
 def test_bad_arguments_are_clear():
@@ -158,14 +184,17 @@ def _sample(pad, dtype_model=None):
     }
 
 
+@pytest.mark.parametrize("implementation", CHUNKED)
 @pytest.mark.parametrize("arch", ["seed", "mlm_only"])
-def test_seed_criterion_chunked_equals_plain(odd_dict_dir, arch):
+def test_seed_criterion_chunked_equals_plain(odd_dict_dir, arch, implementation):
     extra = ["--dropout", "0", "--attention-dropout", "0"]
     if arch == "mlm_only":
         extra += ["--decoder-layers", "0"]
     task, model, _, _ = build_task_model(odd_dict_dir, *extra)
     _, _, plain, _ = build_task_model(odd_dict_dir, *extra, "--vocab-loss", "plain")
-    _, _, chunked, _ = build_task_model(odd_dict_dir, *extra, "--vocab-loss-chunk-size", "5")
+    _, _, chunked, _ = build_task_model(
+        odd_dict_dir, *extra, "--vocab-loss", implementation, "--vocab-loss-chunk-size", "5"
+    )
     sample = _sample(task.source_dictionary.pad())
     model.train()
     results = []
@@ -205,13 +234,16 @@ def test_vocab_loss_options_are_checked(odd_dict_dir):
         build_task_model(odd_dict_dir, "--vocab-loss", "liger")
 
 
+@pytest.mark.parametrize("implementation", CHUNKED)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_precision_accumulates_in_fp32(dtype):
+def test_half_precision_accumulates_in_fp32(implementation, dtype):
     """Chunk by chunk (one position each) the weight gradient is summed in fp32 and rounded
     once: no further from the exact (float64) gradient than the plain path's single matmul."""
     hidden, weight, b, target = _inputs(dtype)
     _, _, (_, g_plain, _) = _run(plain_linear_cross_entropy, hidden, weight, b, target)
-    _, _, (_, g_chunked, _) = _run(linear_cross_entropy, hidden, weight, b, target, chunk_size=1)
+    _, _, (_, g_chunked, _) = _run(
+        linear_cross_entropy, hidden, weight, b, target, chunk_size=1, implementation=implementation
+    )
     h64, w64, b64 = (x.detach().double().requires_grad_() for x in (hidden, weight, b))
     _, _, (_, g_exact, _) = _run(plain_linear_cross_entropy, h64, w64, b64, target)
     err_plain = (g_plain.double() - g_exact).abs().sum()

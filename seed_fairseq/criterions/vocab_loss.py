@@ -3,13 +3,15 @@
 A criterion config that subclasses :class:`VocabLossConfig` gets
 
 * ``--vocab-loss chunked`` (default): ``linear_cross_entropy`` from
-  ``seed_fairseq/modules/linear_cross_entropy.py``; the logits are never
-  materialised (chunks of positions, recomputed in backward);
+  ``seed_fairseq/modules/linear_cross_entropy.py``; the full logits are never
+  materialised (chunks of positions, gradients computed in forward);
+* ``--vocab-loss recompute``: the same with each chunk's logits recomputed in
+  backward (the least memory, one extra projection matmul);
 * ``--vocab-loss plain``: the full logits then ``F.cross_entropy`` (the reference,
   and what every run before this option computed);
 * ``--vocab-loss liger`` / ``cce``: the fused CUDA kernels of ``liger-kernel`` /
   ``cut-cross-entropy`` when installed (never required);
-* ``--vocab-loss-chunk-size N``: positions per chunk (0: about 2**22 logits per chunk).
+* ``--vocab-loss-chunk-size N``: positions per chunk (0: about 2**24 logits per chunk).
 
 and calls :func:`vocab_term` with the features before a vocabulary projection
 and that projection's weight (and bias).
@@ -32,14 +34,15 @@ class VocabLossConfig(FairseqDataclass):
     vocab_loss: VOCAB_LOSS_CHOICES = field(
         default="chunked",
         metadata={
-            "help": "how cross-entropy over the vocabulary is computed: chunked (no full logits, recomputed in "
-            "backward; the default), plain (full logits, the reference), liger or cce (their fused CUDA kernels, "
+            "help": "how cross-entropy over the vocabulary is computed: chunked (no full logits, gradients computed "
+            "chunk by chunk in forward; the default), recompute (logits recomputed in backward: least memory, one "
+            "extra projection matmul), plain (full logits, the reference), liger or cce (their fused CUDA kernels, "
             "when installed). Same loss and gradients up to floating-point summation order"
         },
     )
     vocab_loss_chunk_size: int = field(
         default=0,
-        metadata={"help": "positions per chunk of --vocab-loss chunked (0: about 2**22 logits per chunk)"},
+        metadata={"help": "positions per chunk of --vocab-loss chunked/recompute (0: about 2**24 logits per chunk)"},
     )
 
 

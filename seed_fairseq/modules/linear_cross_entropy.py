@@ -3,12 +3,21 @@
 A vocabulary prediction at many positions (the weak decoder predicts every token
 of a 512-token block over a 32k vocabulary) is usually computed as
 ``F.cross_entropy(F.linear(hidden, weight, bias), target)``: that materialises the
-``positions x vocabulary`` logits, an fp32 copy of them for the log-softmax and
-their gradient, which at 8 x 512 tokens and 32k words is ~0.5 GB each and
-dominates the step's memory.  This module computes the same loss and the same
-gradients chunk by chunk over the positions; the logits of one chunk exist at a
-time, and in backward they are recomputed (one extra ``chunk x C x V`` matmul)
-instead of stored.
+``positions x vocabulary`` logits, their log-softmax and their gradient, at 8 x 512
+tokens and 32k words 0.5 GiB each in fp32, the largest tensors of the step.  This
+module computes the same loss and gradients chunk by chunk over the positions; the
+logits of one chunk exist at a time.  Two ways to get the gradient (both tested
+against the plain path):
+
+* ``implementation="chunked"`` (default): when autograd will need gradients, each
+  chunk's gradients are computed in the forward pass while its logits are at hand
+  (as liger-kernel's fused linear cross-entropy does); backward only scales them.
+  The same matmuls as the plain path; ``grad_weight`` (V x C) and ``grad_hidden``
+  (N x C) are held in fp32 from forward to backward.
+* ``implementation="recompute"``: forward keeps one log-sum-exp per position and
+  backward computes each chunk's logits again (as cut-cross-entropy does): the least
+  memory, for one extra ``N x C x V`` matmul (4 projection matmuls instead of 3:
+  the loss costs ~1.3x on CPU, measured in ``benchmarks/vocab_loss.py``).
 
 API (stable; every objective that predicts the vocabulary at many positions uses it)::
 
@@ -18,12 +27,19 @@ API (stable; every objective that predicts the vocabulary at many positions uses
         target,              # (...) int64 class ids, same leading shape as hidden
         bias=None,           # optional (V,)
         ignore_index=-100,   # positions with this target add nothing (pass the padding index)
-        chunk_size=None,     # positions per chunk; None: about 2**22 logits per chunk
-        implementation="chunked",  # or "plain" (the reference), "liger", "cce" (see below)
+        chunk_size=None,     # positions per chunk; None: about 2**24 logits per chunk
+        implementation="chunked",  # or "recompute", "plain" (the reference), "liger", "cce"
     )
     # nll_sum: 0-d fp32 tensor, the SUMMED negative log-likelihood over the kept
     #          positions (natural log) -- what a MultiTermCriterion Term takes;
     # correct: 0-d int64 tensor (no gradient), the kept positions whose argmax is the target.
+
+In a criterion: let the model return the features before its vocabulary projection
+(SEED: ``model(..., head_inputs=True)``; a fairseq decoder: ``features_only=True``)
+and pass the projection's weight, e.g. ``decoder.output_projection.weight`` (tied
+to the token embeddings, no bias) or, for RoBERTa's LM head, ``model.mlm_hidden`` /
+``model.mlm_projection()`` (``models/bottleneck.py``). ``criterions/vocab_loss.py``
+wraps this as ``vocab_term(...) -> Term`` with the ``--vocab-loss`` options.
 
 ``linear_cross_entropy(h, w, t, ignore_index=pad)`` equals
 ``F.cross_entropy(F.linear(h, w).float(), t, ignore_index=pad, reduction="sum")``
@@ -31,10 +47,9 @@ and its gradients (``plain_linear_cross_entropy`` is that reference), up to
 floating-point summation order: ``tests/test_linear_cross_entropy.py`` states the
 tolerance per dtype.  Numerics: the logits of a chunk are computed in the input
 dtype (as ``F.linear`` would), then everything else -- log-sum-exp, the NLL sum,
-the softmax gradient, the weight and bias gradient accumulators -- is fp32; the
-gradients are returned in the dtype of their inputs.  The argmax counted in
-``correct`` is the first maximal logit, as ``Tensor.argmax`` (ties are rare and
-only change the logged accuracy).
+the softmax gradient, the gradient accumulators -- is fp32; the gradients are
+returned in the dtype of their inputs.  The argmax counted in ``correct`` is the
+first maximal logit, as ``Tensor.argmax``.  Double backward is not supported.
 
 Only plain PyTorch: the same code on CPU and CUDA.  On a CUDA machine that has
 ``liger-kernel`` (``implementation="liger"``) or ``cut-cross-entropy``
@@ -49,11 +64,12 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-IMPLEMENTATIONS = ("chunked", "plain", "liger", "cce")
-# Logits per chunk when chunk_size is None: 2**22 fp32 values = 16 MiB (plus the
-# same in the input dtype and one fp32 temporary): small beside the activations,
-# large enough that each chunk is an efficient matmul.
-DEFAULT_CHUNK_ELEMENTS = 2**22
+IMPLEMENTATIONS = ("chunked", "recompute", "plain", "liger", "cce")
+# Logits per chunk when chunk_size is None: 2**24 fp32 values = 64 MiB (512 positions
+# of a 32k vocabulary; plus a copy in the input dtype): small beside the activations,
+# and few passes over the fp32 weight-gradient accumulator (larger chunks were no
+# faster on CPU, smaller ones up to 15% slower).
+DEFAULT_CHUNK_ELEMENTS = 2**24
 
 
 def default_chunk_size(vocab_size: int) -> int:
@@ -65,58 +81,96 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return F.linear(h, weight, bias).float()
 
 
+def _softmax_grad_(logits, lse, target):
+    """In place: fp32 logits -> d nll / d logits = softmax - onehot(target)."""
+    g = logits.sub_(lse.unsqueeze(1)).exp_()
+    g[torch.arange(g.size(0), device=g.device), target] -= 1.0
+    return g
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Chunks of positions; ``recompute`` selects where the gradient is computed.
+
+    ``recompute=True``: forward keeps only each position's log-sum-exp; backward
+    computes the logits of each chunk again (one extra ``chunk x C x V`` matmul).
+    ``recompute=False``: when autograd will need them, forward computes each chunk's
+    gradients right away (the logits are at hand) and keeps ``grad_hidden`` and
+    ``grad_weight`` (fp32) for backward, which only scales them: the same matmuls as
+    the plain path, ``(N + V) x C`` fp32 held instead of ``N x V`` logits.
+    """
+
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, chunk_size):
+    def forward(ctx, hidden, weight, bias, target, chunk_size, recompute, grad_enabled):
         n = hidden.size(0)
-        nll = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        dev = hidden.device
+        nll = torch.zeros((), dtype=torch.float32, device=dev)
+        correct = torch.zeros((), dtype=torch.long, device=dev)
+        # grad mode is off inside forward (and needs_input_grad ignores no_grad): the caller says
+        grads_now = not recompute and grad_enabled and any(ctx.needs_input_grad[:3])
+        need_h, need_w, need_b = ctx.needs_input_grad[:3] if grads_now else (False, False, False)
+        lse = torch.empty(n, dtype=torch.float32, device=dev) if recompute else None
+        grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=dev) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=dev) if need_b else None
         for start in range(0, n, chunk_size):
             end = min(n, start + chunk_size)
-            logits = _chunk_logits(hidden[start:end], weight, bias)
+            h = hidden[start:end]
+            logits = _chunk_logits(h, weight, bias)
             t = target[start:end]
             chunk_lse = torch.logsumexp(logits, dim=-1)
-            lse[start:end] = chunk_lse
             nll += (chunk_lse - logits.gather(1, t.unsqueeze(1)).squeeze(1)).sum()
             correct += logits.argmax(dim=-1).eq(t).sum()
-        ctx.save_for_backward(hidden, weight, bias, target, lse)
-        ctx.chunk_size = chunk_size
+            if recompute:
+                lse[start:end] = chunk_lse
+            elif grads_now:
+                _accumulate(_softmax_grad_(logits, chunk_lse, t), h, weight, start, end, grad_h, grad_w, grad_b)
+        if recompute:
+            ctx.save_for_backward(hidden, weight, bias, target, lse)
+        else:
+            ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.recompute, ctx.chunk_size = recompute, chunk_size
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.mark_non_differentiable(correct)
         return nll, correct
 
     @staticmethod
     def backward(ctx, grad_nll, _grad_correct):
+        scale = grad_nll.float()
+        if not ctx.recompute:
+            grads = ctx.saved_tensors
+            if any(need and g is None for need, g in zip(ctx.needs_input_grad[:3], grads)):
+                raise RuntimeError("linear_cross_entropy: backward through a forward run without gradients")
+            out = [None if g is None else (g * scale).to(d) for g, d in zip(grads, ctx.dtypes)]
+            return (*out, None, None, None, None)
         hidden, weight, bias, target, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        n = hidden.size(0)
-        scale = grad_nll.float()
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # fp32 accumulators across chunks (one matmul per chunk already accumulates in fp32)
+        grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
-        for start in range(0, n, ctx.chunk_size):
-            end = min(n, start + ctx.chunk_size)
+        for start in range(0, hidden.size(0), ctx.chunk_size):
+            end = min(hidden.size(0), start + ctx.chunk_size)
             h = hidden[start:end]
-            # d nll / d logits = softmax - onehot, recomputed from the saved log-sum-exp
-            g = _chunk_logits(h, weight, bias).sub_(lse[start:end].unsqueeze(1)).exp_()
-            g[torch.arange(end - start, device=g.device), target[start:end]] -= 1.0
-            g.mul_(scale)
-            if need_b:
-                grad_b += g.sum(0)
-            g = g.to(hidden.dtype)
-            if need_h:
-                torch.mm(g, weight, out=grad_h[start:end])
-            if need_w:
-                if g.dtype == torch.float32:
-                    grad_w.addmm_(g.t(), h)
-                else:
-                    grad_w.add_(torch.mm(g.t(), h))
-        if need_w:
-            grad_w = grad_w.to(weight.dtype)
-        if need_b:
-            grad_b = grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None
+            g = _softmax_grad_(_chunk_logits(h, weight, bias), lse[start:end], target[start:end])
+            _accumulate(g.mul_(scale), h, weight, start, end, grad_h, grad_w, grad_b)
+        out = [None if g is None else g.to(d) for g, d in zip((grad_h, grad_w, grad_b), ctx.dtypes)]
+        return (*out, None, None, None, None)
+
+
+def _accumulate(g, h, weight, start, end, grad_h, grad_w, grad_b):
+    """Add one chunk's gradients (``g``: fp32 d loss / d logits) into the fp32 accumulators."""
+    if grad_b is not None:
+        grad_b += g.sum(0)
+    g = g.to(h.dtype)  # the matmuls run in the input dtype, as F.linear's backward does
+    if grad_h is not None:
+        if g.dtype == torch.float32:
+            torch.mm(g, weight, out=grad_h[start:end])
+        else:
+            grad_h[start:end] = torch.mm(g, weight)
+    if grad_w is not None:
+        if g.dtype == torch.float32:
+            grad_w.addmm_(g.t(), h)
+        else:
+            grad_w.add_(torch.mm(g.t(), h))
 
 
 def _flat_kept(hidden, target, ignore_index):
@@ -201,4 +255,8 @@ def linear_cross_entropy(
         return _liger(h, weight, bias, t, chunk)
     if implementation == "cce":
         return _cce(h, weight, bias, t, chunk)
-    return _ChunkedLinearCrossEntropy.apply(h.contiguous(), weight, bias, t.contiguous(), chunk)
+    recompute = implementation == "recompute"
+    grad_enabled = torch.is_grad_enabled()
+    return _ChunkedLinearCrossEntropy.apply(
+        h.contiguous(), weight, bias, t.contiguous(), chunk, recompute, grad_enabled
+    )
