@@ -143,6 +143,9 @@ def test_diagnostics_do_not_change_the_training_trajectory(data, tmp_path):
 def test_trained_decoder_takes_bits_from_cls(data):
     """Trained on one batch until the decoder can tell its four sequences apart: it can only
     do that through [CLS], so rotating [CLS] must cost bits (the diagnostic is > 0)."""
+    # a fixed initialisation: after 60 steps the diagnostic ranges 0.45-1.9 over seeds 0-3, and
+    # the global RNG state here depends on which tests ran before
+    torch.manual_seed(0)
     task, model, criterion = build(data, "--dropout", "0", "--attention-dropout", "0")
     task.load_dataset("valid")
     itr = task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False)

@@ -117,13 +117,20 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             h = hidden[start:end]
             logits = _chunk_logits(h, weight, bias)
             t = target[start:end]
-            chunk_lse = torch.logsumexp(logits, dim=-1)
-            nll += (chunk_lse - logits.gather(1, t.unsqueeze(1)).squeeze(1)).sum()
-            correct += logits.argmax(dim=-1).eq(t).sum()
+            picked = logits.gather(1, t.unsqueeze(1)).squeeze(1)
+            # one pass gives the max for a stable log-sum-exp and the argmax for `correct`
+            top, argmax = logits.max(dim=-1)
+            correct += argmax.eq(t).sum()
+            exp = logits.sub_(top.unsqueeze(1)).exp_()  # in place: the chunk's only V-wide buffer
+            total = exp.sum(dim=-1)
+            chunk_lse = top + total.log()
+            nll += (chunk_lse - picked).sum()
             if recompute:
                 lse[start:end] = chunk_lse
             elif grads_now:
-                _accumulate(_softmax_grad_(logits, chunk_lse, t), h, weight, start, end, grad_h, grad_w, grad_b)
+                g = exp.div_(total.unsqueeze(1))  # softmax
+                g[torch.arange(end - start, device=dev), t] -= 1.0
+                _accumulate(g, h, weight, start, end, grad_h, grad_w, grad_b)
         if recompute:
             ctx.save_for_backward(hidden, weight, bias, target, lse)
         else:
