@@ -235,7 +235,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="run_all_") as tmp:
         threads = ["--threads", args.threads]
-        results["step_tiny"] = run("step_tiny", "step_time.py", ["--arch-size", "tiny", "--steps", 3, *threads], tmp)
+        tiny = ["--arch-size", "tiny", "--steps", 10, "--rounds", 3, *threads]  # short steps: many of them
+        results["step_tiny"] = run("step_tiny", "step_time.py", tiny, tmp)
         if not args.quick:
             base = ["--arch-size", "base", "--steps", args.base_steps, *threads]
             results["step_base"] = run("step_base", "step_time.py", base, tmp)

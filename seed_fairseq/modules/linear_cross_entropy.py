@@ -220,16 +220,19 @@ def _correct_no_grad(h, weight, bias, t, chunk_size):
 
 
 def _liger(h, weight, bias, t, chunk_size):
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    # the loss module's forward(lin_weight, input, target, bias) is the same in every release
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    nll = liger_fused_linear_cross_entropy(h, weight, t, bias=bias, reduction="sum")
+    nll = LigerFusedLinearCrossEntropyLoss(reduction="sum")(weight, h, t, bias)
+    nll = nll[0] if isinstance(nll, tuple) else nll  # (loss, z_loss) in some releases
     return nll.float(), _correct_no_grad(h, weight, bias, t, chunk_size)
 
 
 def _cce(h, weight, bias, t, chunk_size):
     from cut_cross_entropy import linear_cross_entropy as cce
 
-    nll = cce(h, weight, t, bias=bias, reduction="sum")
+    extra = {"bias": bias} if bias is not None else {}  # older releases have no bias argument
+    nll = cce(h, weight, t, reduction="sum", **extra)
     return nll.float(), _correct_no_grad(h, weight, bias, t, chunk_size)
 
 
