@@ -357,6 +357,38 @@ def test_generator_is_frozen_outside_optimizer_and_checkpoint(contract_data, sim
     assert saved["task_state"]["generator_path"] == str(simlm_generator.resolve())
 
 
+def test_registered_names_are_ours():
+    import fairseq.criterions as C
+    import fairseq.models as Mo
+    import fairseq.tasks as T
+
+    from seed_fairseq.criterions.simlm_pretrain import SimLMPretrainCriterion
+    from seed_fairseq.models.simlm import SimLMModel
+    from seed_fairseq.tasks.simlm_pretrain import SimLMPretrainTask
+
+    assert T.TASK_REGISTRY["simlm_pretrain"] is SimLMPretrainTask
+    assert C.CRITERION_REGISTRY["simlm_pretrain"] is SimLMPretrainCriterion
+    assert Mo.MODEL_REGISTRY["simlm"] is SimLMModel
+    for name in ("simlm", "simlm_base", "simlm_tiny"):
+        assert Mo.ARCH_MODEL_REGISTRY[name] is SimLMModel, name
+
+
+def test_a_stock_roberta_checkpoint_is_a_generator_too(contract_data, simlm_generator, tmp_path):
+    """Any fairseq masked LM with the data's dictionary: the generator's own weights as a
+    stock ``roberta`` checkpoint (seed-drop-heads) sample exactly the same tokens."""
+    from seed_fairseq.drop_heads import write_encoder_checkpoint
+
+    write_encoder_checkpoint(simlm_generator, tmp_path / "roberta.pt")
+    task, _ = setup(contract_data)
+    stock = FrozenGenerator.load(str(tmp_path / "roberta.pt"), task)
+    ours = FrozenGenerator.load(str(simlm_generator), task)
+    assert type(stock.model).__name__ == "RobertaModel" and type(ours.model).__name__ == "SeedEncoderModel"
+    batch = first_batch(task)
+    tokens, noise = batch["net_input"]["dec_tokens"], batch["dec_noise"]
+    replaced = stock.replace(tokens, noise)
+    assert torch.equal(replaced, ours.replace(tokens, noise)) and not torch.equal(replaced, tokens)
+
+
 def _write(path, data):
     path.write_bytes(data)
     return path
@@ -420,6 +452,18 @@ def test_bad_options_are_clear_errors(contract_data, simlm_generator, extra, exp
         task, cfg = setup(contract_data, *extra)
         task.build_model(cfg.model)
         task.build_criterion(cfg.criterion)
+
+
+def test_generator_check_applies_to_simlm_checkpoints_only(contract_data, simlm_generator):
+    task, _, _, _ = build(contract_data, simlm_generator)
+    recorded = {"dictionary_sha256": task.dictionary_sha256, "generator_sha256": "e" * 64, "generator_path": "/old.pt"}
+    encoder = torch.zeros(1)
+    # an encoder-only checkpoint (seed-drop-heads of a run with another generator) may start a new run
+    task.check_checkpoint({"task_state": recorded, "model": {"encoder.lm_head.bias": encoder}}, "enc.pt")
+    with pytest.raises(CheckpointError, match="another generator"):
+        task.check_checkpoint({"task_state": recorded, "model": {"simlm_decoder.0.fc1.bias": encoder}}, "ckpt.pt")
+    same = dict(recorded, generator_sha256=task.generator.sha256)
+    task.check_checkpoint({"task_state": same, "model": {"simlm_decoder.0.fc1.bias": encoder}}, "ckpt.pt")
 
 
 # ---------------------------------------------------------------------------

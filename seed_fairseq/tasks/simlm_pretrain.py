@@ -26,6 +26,7 @@ from fairseq.tasks import register_task
 
 from ..checkpoint import CheckpointError
 from ..data.replaced_lm_dataset import FieldDataset, ReplacedLMNoiseDataset
+from ..models.simlm import SimLMModel
 from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,9 @@ class SimLMPretrainTask(BottleneckPretrainTask):
         super().check_checkpoint(state, filename)
         recorded = (state.get("task_state") or {}).get(GENERATOR_SHA256)
         if self.generator is None or recorded is None:
-            return  # no generator here (a tool reading the model) or none there (an encoder-only init)
+            return  # no generator here (a tool reading the model) or none recorded there
+        if not any(k.startswith(SimLMModel.pretraining_only_prefixes) for k in state.get("model") or {}):
+            return  # an encoder-only checkpoint (seed-drop-heads keeps the task state) starting a new run
         if recorded != self.generator.sha256:
             recorded_path = state["task_state"].get(GENERATOR_PATH)
             problem = (
