@@ -32,6 +32,8 @@ from .dictionary import dictionary_sha256
 
 logger = logging.getLogger(__name__)
 
+SAMPLE_CHUNK = 1024  # masked positions sampled at once (bounds the fp32 rows x vocab temporaries)
+
 
 def file_sha256(path: str) -> str:
     digest = hashlib.sha256()
@@ -49,9 +51,8 @@ def inverse_cdf_sample(logits: torch.Tensor, u: torch.Tensor, banned: torch.Tens
     are normalised so that the last one is exactly 1, so every ``u < 1`` finds
     an id, and a zero-probability id is never the first to exceed ``u``.
     """
-    probs = torch.softmax(logits.float().masked_fill(banned, float("-inf")), dim=-1)
-    cdf = probs.cumsum(dim=-1)
-    cdf = cdf / cdf[:, -1:]
+    cdf = torch.softmax(logits.float().masked_fill(banned, float("-inf")), dim=-1).cumsum_(dim=-1)
+    cdf.div_(cdf[:, -1:].clone())
     ids = torch.searchsorted(cdf, u.float().unsqueeze(-1), right=True).squeeze(-1)
     return ids.clamp_(max=logits.size(-1) - 1)
 
@@ -158,5 +159,11 @@ class FrozenGenerator:
         self._place(masked.device, dtype)
         logits, _ = self.model.encoder(masked, masked_tokens=positions)  # (masked positions, vocab)
         u = uniform_from_noise(noise[positions])
-        out[positions] = inverse_cdf_sample(logits, u, self.banned.to(logits.device))
+        banned = self.banned.to(logits.device)
+        # in row chunks: the fp32 distributions of a whole batch (rows x vocab) would dwarf the model
+        samples = [
+            inverse_cdf_sample(logits[i : i + SAMPLE_CHUNK], u[i : i + SAMPLE_CHUNK], banned)
+            for i in range(0, logits.size(0), SAMPLE_CHUNK)
+        ]
+        out[positions] = torch.cat(samples)
         return out

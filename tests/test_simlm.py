@@ -260,6 +260,16 @@ def test_replacements_on_real_data_keep_the_rest_and_avoid_specials(simlm_valid)
     assert out[batch["net_input"]["dec_tokens"].eq(mask)].ge(d.nspecial).all()
 
 
+def test_sampling_in_row_chunks_changes_nothing(simlm_valid, monkeypatch):
+    import seed_fairseq.generator as generator_module
+
+    task, _, _, batch = simlm_valid
+    whole = task.replaced_inputs(batch)
+    assert int(batch["net_input"]["dec_tokens"].eq(task.mask_idx).sum()) > 7 * 10
+    monkeypatch.setattr(generator_module, "SAMPLE_CHUNK", 7)
+    assert all(torch.equal(a, b) for a, b in zip(whole, task.replaced_inputs(batch)))
+
+
 # ---------------------------------------------------------------------------
 # the model
 # ---------------------------------------------------------------------------
