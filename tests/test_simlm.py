@@ -246,6 +246,20 @@ def test_masked_sets_on_real_data(simlm_valid):
     assert dec_set.sum() / n == pytest.approx(0.5, abs=0.02)
 
 
+def test_whole_word_masked_sets_on_real_data(contract_data, simlm_generator):
+    task, _, _, _ = build(contract_data, simlm_generator, "--mask-whole-words")
+    batch = first_batch(task, n=64)
+    starts = task.whole_word_mask().bool()
+    for view in (batch["net_input"]["src_tokens"], batch["net_input"]["dec_tokens"]):
+        masked = view.eq(task.mask_idx)
+        original = torch.where(batch["target"].ne(1), batch["target"], view)
+        continues = ~starts[original] & original.ge(task.source_dictionary.nspecial)
+        # a masked piece that continues a word has its word's previous piece masked too, and vice versa
+        inner = continues[:, 1:] & original[:, :-1].ge(task.source_dictionary.nspecial)
+        assert torch.equal(masked[:, 1:][inner], masked[:, :-1][inner])
+        assert masked[:, 1:][inner].any() and (~masked[:, 1:][inner]).any()
+
+
 def test_replacements_on_real_data_keep_the_rest_and_avoid_specials(simlm_valid):
     task, _, _, batch = simlm_valid
     d, mask = task.source_dictionary, task.mask_idx
