@@ -33,8 +33,17 @@ class Objective:
     terms: Tuple[str, ...] = ("mlm",)
     # state-dict prefixes that exist only for pre-training
     heads: Tuple[str, ...] = ()
+    # (option, session fixture): files the objective needs, made by a fixture of
+    # the contract suite (SimLM's generator checkpoint)
+    needs: Tuple[Tuple[str, str], ...] = ()
 
-    def args(self) -> List[str]:
+    def args(self, **fixtures) -> List[str]:
+        """The objective's fairseq-train arguments; ``fixtures`` gives the value of each of ``needs``."""
+        extra = []
+        for option, fixture in self.needs:
+            if fixture not in fixtures:
+                raise KeyError(f"objective {self.name!r} needs the fixture {fixture!r} for {option}")
+            extra += [option, str(fixtures[fixture])]
         return [
             "--task",
             self.task,
@@ -44,6 +53,7 @@ class Objective:
             self.arch,
             *TINY_ENCODER,
             *self.model_args,
+            *extra,
         ]
 
 
@@ -69,6 +79,17 @@ OBJECTIVES = [
         heads=("weak_decoder.",),
     ),
     Objective("mlm_only", "seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
+    Objective(
+        "simlm",
+        "simlm_pretrain",
+        "simlm_pretrain",
+        "simlm_tiny",
+        [],
+        bottleneck_terms=("dec",),
+        terms=("enc", "dec"),
+        heads=("simlm_decoder.",),
+        needs=(("--generator-path", "simlm_generator"),),
+    ),
 ]
 
 BY_NAME = {o.name: o for o in OBJECTIVES}

@@ -1,2 +1,3 @@
 # fairseq does not auto-import criterions from a --user-dir: import explicitly.
 from .seed_pretrain import SeedPretrainCriterion  # noqa: F401
+from .simlm_pretrain import SimLMPretrainCriterion  # noqa: F401

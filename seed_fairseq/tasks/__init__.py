@@ -1,1 +1,2 @@
 from .seed_pretrain import SeedPretrainTask  # noqa: F401
+from .simlm_pretrain import SimLMPretrainTask  # noqa: F401
