@@ -1,1 +1,2 @@
+from .cpdae_pretrain import CpdaePretrainTask  # noqa: F401
 from .seed_pretrain import SeedPretrainTask  # noqa: F401
