@@ -33,6 +33,11 @@ class Objective:
     terms: Tuple[str, ...] = ("mlm",)
     # state-dict prefixes that exist only for pre-training
     heads: Tuple[str, ...] = ()
+    # terms whose per-unit loss depends on the other units of its batch (in-batch
+    # negatives), gathered across workers but not across --update-freq micro-batches:
+    # the worker split must still give the same update, an --update-freq split must
+    # give exactly the count-weighted mean of the micro-batches' own losses instead
+    in_batch_terms: Tuple[str, ...] = ()
 
     def args(self) -> List[str]:
         return [
@@ -69,6 +74,17 @@ OBJECTIVES = [
         heads=("weak_decoder.",),
     ),
     Objective("mlm_only", "seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
+    Objective(
+        "cpdae",
+        "cpdae_pretrain",
+        "cpdae_pretrain",
+        "cpdae_tiny",
+        [],
+        bottleneck_terms=("bow", "cl"),
+        terms=("mlm", "bow", "cl"),
+        heads=("bow_decoder.",),
+        in_batch_terms=("cl",),
+    ),
 ]
 
 BY_NAME = {o.name: o for o in OBJECTIVES}
