@@ -145,28 +145,37 @@ def _views(contrast, proj, x1, x2, texts):
     return out, dense_similarity
 
 
-def _gloo_worker(rank, world, init_file, out_dir, contrast, dummy_rank):
+# (contrast, rank of the worker running a dummy batch or -1): one spawn runs them all
+SCENARIOS = (("words", -1), ("cls", -1), ("words", 1))
+
+
+def _gloo_worker(rank, world, init_file, out_dir):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        x1, x2, proj = _problem(contrast)
-        views, similarity = _views(contrast, proj, x1, x2, SHARDS[rank])
-        loss, correct = info_nce_sum(views, similarity, group=dist.group.WORLD, contribute=rank != dummy_rank)
-        (loss / (2 * N_TEXTS)).backward()  # the criterion divides by the GLOBAL view count
-        grads = [proj.weight.grad.clone(), proj.bias.grad.clone()]
-        for g in grads:  # what fairseq does with the parameter gradients: their sum over workers
-            dist.all_reduce(g)
-        torch.save({"loss": loss.detach(), "correct": correct, "grads": grads}, f"{out_dir}/{rank}.pt")
+        for contrast, dummy_rank in SCENARIOS:
+            x1, x2, proj = _problem(contrast)
+            views, similarity = _views(contrast, proj, x1, x2, SHARDS[rank])
+            loss, correct = info_nce_sum(views, similarity, group=dist.group.WORLD, contribute=rank != dummy_rank)
+            (loss / (2 * N_TEXTS)).backward()  # the criterion divides by the GLOBAL view count
+            grads = [proj.weight.grad.clone(), proj.bias.grad.clone()]
+            for g in grads:  # what fairseq does with the parameter gradients: their sum over workers
+                dist.all_reduce(g)
+            result = {"loss": loss.detach(), "correct": correct, "grads": grads}
+            torch.save(result, f"{out_dir}/{contrast}_{dummy_rank}_{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _run_workers(tmp_path, contrast, dummy_rank=-1):
+@pytest.fixture(scope="module")
+def gloo_results(tmp_path_factory):
+    """Every scenario on 2 gloo workers (torch.multiprocessing): {scenario: [rank 0, rank 1]}."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_gloo_worker, args=(2, tmp_path / "rendezvous", tmp_path, contrast, dummy_rank), nprocs=2, join=True)
-    return [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    out = tmp_path_factory.mktemp("gloo")
+    mp.spawn(_gloo_worker, args=(2, out / "rendezvous", out), nprocs=2, join=True)
+    return {(c, d): [torch.load(out / f"{c}_{d}_{r}.pt") for r in range(2)] for c, d in SCENARIOS}
 
 
 def _reference_loss(contrast, views):
@@ -185,8 +194,8 @@ def _reference_loss(contrast, views):
 
 
 @pytest.mark.parametrize("contrast", ["words", "cls"])
-def test_gathered_loss_and_gradients_equal_one_process(contrast, tmp_path):
-    results = _run_workers(tmp_path, contrast)
+def test_gathered_loss_and_gradients_equal_one_process(contrast, gloo_results):
+    results = gloo_results[contrast, -1]
     x1, x2, proj = _problem(contrast)
     views, similarity = _views(contrast, proj, x1, x2, list(range(N_TEXTS)))
     loss, correct = info_nce_sum(views, similarity)  # one process, the concatenated batch
@@ -200,10 +209,10 @@ def test_gathered_loss_and_gradients_equal_one_process(contrast, tmp_path):
         torch.testing.assert_close(r["grads"][1], proj.bias.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_dummy_batch_adds_no_negatives(tmp_path):
+def test_dummy_batch_adds_no_negatives(gloo_results):
     """A worker running fairseq's dummy batch takes part in the collectives (no hang) but
     the other worker's loss is that of its own views alone."""
-    results = _run_workers(tmp_path, "words", dummy_rank=1)
+    results = gloo_results["words", 1]
     x1, x2, proj = _problem("words")
     views, similarity = _views("words", proj, x1, x2, SHARDS[0])
     alone, _ = info_nce_sum(views, similarity)
