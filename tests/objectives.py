@@ -36,6 +36,11 @@ class Objective:
     # (option, session fixture): files the objective needs, made by a fixture of
     # the contract suite (SimLM's generator checkpoint)
     needs: Tuple[Tuple[str, str], ...] = ()
+    # terms whose per-unit loss depends on the other units of its batch (in-batch
+    # negatives), gathered across workers but not across --update-freq micro-batches:
+    # the worker split must still give the same update, an --update-freq split must
+    # give exactly the count-weighted mean of the micro-batches' own losses instead
+    in_batch_terms: Tuple[str, ...] = ()
 
     def args(self, **fixtures) -> List[str]:
         """The objective's fairseq-train arguments; ``fixtures`` gives the value of each of ``needs``."""
@@ -89,6 +94,17 @@ OBJECTIVES = [
         terms=("enc", "dec"),
         heads=("simlm_decoder.",),
         needs=(("--generator-path", "simlm_generator"),),
+    ),
+    Objective(
+        "cpdae",
+        "cpdae_pretrain",
+        "cpdae_pretrain",
+        "cpdae_tiny",
+        [],
+        bottleneck_terms=("bow", "cl"),
+        terms=("mlm", "bow", "cl"),
+        heads=("bow_decoder.",),
+        in_batch_terms=("cl",),
     ),
 ]
 

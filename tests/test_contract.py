@@ -4,13 +4,18 @@ for each (``tests/objectives.py`` lists them):
 1. the decoder side sees the encoder only through [CLS]: changing any other
    encoder output leaves its loss terms bit-identical;
 2. split invariance through the real CLI: 1 x 8, 1 x (4+4) with
-   ``--update-freq 2`` and 2 gloo workers x 4 make the same update;
+   ``--update-freq 2`` and 2 gloo workers x 4 make the same update (an objective
+   with in-batch terms: the worker split does; an ``--update-freq`` split gives
+   the count-weighted mean of the micro-batches' own losses -- ``objectives.py``);
+   in-process through fairseq's Trainer, the normalisation of an
+   ``--update-freq`` split is exact for every term of every objective;
 3. a resumed run logs the same next losses as the uninterrupted one;
 4. ``seed-drop-heads`` gives a checkpoint that stock fairseq loads as ``roberta``
    (no plugin) with the same encoder features;
 5. the HuggingFace export computes the same features as fairseq.
 """
 
+import copy
 import json
 import shutil
 import socket
@@ -111,6 +116,11 @@ def records(proc):
 
 def build(obj, data, *extra, fixtures=None):
     """Task, model and criterion through fairseq's own argument parsing."""
+    task, model, criterion, _ = build_with_cfg(obj, data, *extra, fixtures=fixtures)
+    return task, model, criterion
+
+
+def build_with_cfg(obj, data, *extra, fixtures=None):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -132,7 +142,7 @@ def build(obj, data, *extra, fixtures=None):
     )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
-    return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion), cfg
 
 
 # ---------------------------------------------------------------------------
@@ -215,7 +225,10 @@ def _one_update(obj, data, save_dir, *extra, launcher=(), fixtures=None):
 @pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
 def test_update_does_not_depend_on_the_split(obj, contract_data, tmp_path, request):
     """--curriculum 1 keeps the batch order, so 1 x 8, 1 x (4+4) and 2 x 4 see the same
-    eight blocks; one SGD step must move the weights identically."""
+    eight blocks; one SGD step must move the weights identically.  An objective with
+    in-batch terms gathers their negatives over workers (2 x 4 must still equal 1 x 8),
+    but its --update-freq micro-batches see only their own negatives: there the logged
+    losses must be the count-weighted means of the micro-batches' own losses."""
     f = needs(obj, request)
     one, w_one = _one_update(obj, contract_data, tmp_path / "one", "--batch-size", "8", fixtures=f)
     freq, w_freq = _one_update(
@@ -245,12 +258,88 @@ def test_update_does_not_depend_on_the_split(obj, contract_data, tmp_path, reque
     )
     assert float(one["gnorm"]) > 0
     keys = ["loss", "gnorm", "nsentences"] + [f"{t}_{k}" for t in obj.terms for k in ("loss", "ntokens")]
-    for other in (freq, two):
+    exact = [(two, w_two)] if obj.in_batch_terms else [(freq, w_freq), (two, w_two)]
+    for other, _ in exact:
         for key in keys:
             assert float(other[key]) == pytest.approx(float(one[key]), rel=1e-3, abs=1e-3), key
     for name, value in w_one.items():
-        torch.testing.assert_close(w_freq[name], value, rtol=1e-4, atol=1e-6, msg=name)
-        torch.testing.assert_close(w_two[name], value, rtol=1e-4, atol=1e-6, msg=name)
+        for _, w_other in exact:
+            torch.testing.assert_close(w_other[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    if obj.in_batch_terms:
+        _check_micro_batch_means(obj, contract_data, tmp_path / "parts", one, freq, fixtures=f)
+
+
+SGD_NO_STEP = [*SGD_ONE_STEP[:3], "0.0", *SGD_ONE_STEP[4:]]  # lr 0: every update at the same weights
+
+
+def _check_micro_batch_means(obj, data, save_dir, one, freq, fixtures=None):
+    """The two micro-batches of the --update-freq run as two updates of their own at the
+    initial weights: each term of the split update is their count-weighted mean."""
+    cmd = train_cmd(
+        obj,
+        data,
+        save_dir,
+        "--curriculum",
+        "1",
+        "--batch-size",
+        "4",
+        max_update=2,
+        optim=SGD_NO_STEP,
+        fixtures=fixtures,
+    )
+    parts = records(check(cmd))
+    assert [int(p["num_updates"]) for p in parts] == [1, 2]
+    for term in obj.terms:
+        counts = [float(p[f"{term}_ntokens"]) for p in parts]
+        assert float(freq[f"{term}_ntokens"]) == sum(counts) == float(one[f"{term}_ntokens"]), term
+        mean = sum(float(p[f"{term}_loss"]) * n for p, n in zip(parts, counts)) / sum(counts)
+        assert float(freq[f"{term}_loss"]) == pytest.approx(mean, abs=2e-3), term  # logs round to 1e-3
+        if term in obj.in_batch_terms:  # fewer negatives: a different loss, else this tests nothing
+            assert float(freq[f"{term}_loss"]) != pytest.approx(float(one[f"{term}_loss"]), abs=0.05), term
+        else:
+            assert float(freq[f"{term}_loss"]) == pytest.approx(float(one[f"{term}_loss"]), abs=1e-3), term
+
+
+def _train_step(trainer, samples):
+    trainer.train_step(samples)
+    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
+def test_update_is_the_count_weighted_mean_of_the_micro_batches(obj, contract_data, request):
+    """Through fairseq's Trainer: the gradient of a 1 x (4+4) --update-freq 2 update is
+    sum_t w_t sum_k (N_tk / N_t) g_tk, where g_tk is micro-batch k's gradient of term t
+    alone as an update of its own and N_tk its units of term t: every term is normalised
+    by the count of the whole update, whether its per-unit loss is in-batch or not."""
+    from fairseq.trainer import Trainer
+
+    from seed_fairseq.data.update_counts import UPDATE_COUNTS
+
+    task, model, criterion, cfg = build_with_cfg(
+        obj, contract_data, *SGD_ONE_STEP, "--batch-size", "4", "--update-freq", "2", fixtures=needs(obj, request)
+    )
+    trainer = Trainer(cfg, task, model, criterion)
+    task.load_dataset("train")
+    itr = task.get_batch_iterator(task.dataset("train"), max_sentences=4, seed=5).next_epoch_itr(shuffle=True)
+    micro = [next(itr), next(itr)]
+    totals = micro[0][UPDATE_COUNTS]
+    initial = copy.deepcopy(trainer.model.state_dict())
+    split = _train_step(trainer, micro)
+
+    weights = dict(criterion.weights)
+    expected = {name: torch.zeros_like(g) for name, g in split.items()}
+    for term, weight in weights.items():
+        for mb in micro:
+            own = {k: v for k, v in mb.items() if k != UPDATE_COUNTS}  # an update of its own
+            share = float(task.term_counts(own)[term]) / float(totals[term])
+            criterion.weights = {t: float(t == term) for t in weights}
+            trainer.model.load_state_dict(initial)
+            for name, g in _train_step(trainer, [own]).items():
+                expected[name] += weight * share * g
+    criterion.weights = weights
+    assert len(split) > 10
+    for name, g in split.items():
+        torch.testing.assert_close(g, expected[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 from .bottleneck import BottleneckEncoderModel  # noqa: F401
+from .cpdae import CpdaeModel  # noqa: F401
 from .seed_encoder import SeedEncoderModel  # noqa: F401
 from .simlm import SimLMModel  # noqa: F401
 

@@ -1,2 +1,3 @@
+from .cpdae_pretrain import CpdaePretrainTask  # noqa: F401
 from .seed_pretrain import SeedPretrainTask  # noqa: F401
 from .simlm_pretrain import SimLMPretrainTask  # noqa: F401
