@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-import test_contract
 import torch
 import torch.nn.functional as F
 from helpers import run
@@ -22,7 +21,6 @@ from seed_fairseq.modules.contrastive import info_nce_sum
 from seed_fairseq.tasks.cpdae_pretrain import DUMMY_BATCH
 
 CPDAE = BY_NAME["cpdae"]
-contract_data = test_contract.contract_data  # the contract suite's data fixture, here too
 LN2 = math.log(2)
 
 
