@@ -69,6 +69,26 @@ OBJECTIVES = [
         heads=("weak_decoder.",),
     ),
     Objective("mlm_only", "seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
+    Objective(
+        "retromae",
+        "retromae_pretrain",
+        "retromae_pretrain",
+        "retromae_tiny",
+        ["--decoder-ffn-embed-dim", "23"],
+        bottleneck_terms=("dec",),
+        terms=("mlm", "dec"),
+        heads=("enhanced_decoder.",),
+    ),
+    Objective(
+        "dupmae",
+        "dupmae_pretrain",
+        "dupmae_pretrain",
+        "dupmae_tiny",
+        ["--decoder-ffn-embed-dim", "23"],
+        bottleneck_terms=("dec",),
+        terms=("mlm", "dec", "bow"),
+        heads=("enhanced_decoder.",),
+    ),
 ]
 
 BY_NAME = {o.name: o for o in OBJECTIVES}

@@ -1,2 +1,3 @@
 # fairseq does not auto-import criterions from a --user-dir: import explicitly.
+from .retromae_pretrain import DupMAECriterion, RetroMAECriterion  # noqa: F401
 from .seed_pretrain import SeedPretrainCriterion  # noqa: F401

@@ -1,4 +1,5 @@
 from .bottleneck import BottleneckEncoderModel  # noqa: F401
+from .retromae import RetroMAEModel  # noqa: F401
 from .seed_encoder import SeedEncoderModel  # noqa: F401
 
 
