@@ -53,10 +53,16 @@ def decoder_mask(
             unit = np.arange(len(candidates))
         n_units = int(unit[-1]) + 1
         counts = (ratio * n_units + rng.random(n)).astype(np.int64)  # per row
-        order = np.argsort(rng.random((n, n_units)), axis=1)
-        ranks = np.empty_like(order)
-        np.put_along_axis(ranks, order, np.arange(n_units)[None, :].repeat(n, 0), axis=1)
-        hidden_units = ranks < counts[:, None]
+        keys = rng.random((n, n_units))
+        # a row hides its `count` units of smallest key: those up to the count-th smallest key
+        # (counts take at most two values, so one partial sort finds every threshold)
+        kths = sorted({int(c) - 1 for c in counts if c > 0})
+        threshold = np.full(n, -1.0)
+        if kths:
+            part = np.partition(keys, kths, axis=1)
+            has = counts > 0
+            threshold[has] = part[has, counts[has] - 1]
+        hidden_units = keys <= threshold[:, None]
         hidden[:, candidates] = hidden_units[:, unit]
     hidden[:, 0] = False
     np.fill_diagonal(hidden, True)
