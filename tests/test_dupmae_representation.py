@@ -136,6 +136,23 @@ def test_sparse_entries_are_kept_at_their_vocabulary_indices():
     np.testing.assert_allclose(e @ e.T, rd.eq12_scores(out["dupmae_dense"].detach().numpy(), s, e[:, :5], s), atol=1e-4)
 
 
+def test_head_trains_in_bfloat16_and_under_autocast():
+    """Fine-tuning may run the head under autocast (CUDA AMP) or in half precision: finite
+    outputs, gradients of the parameters' own dtypes."""
+    torch.manual_seed(0)
+    ids = torch.randint(4, 40, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    for dtype, autocast in ((torch.float32, True), (torch.bfloat16, False)):
+        head = DupMAEHead(8, 41, 5, 6, SPECIAL).to(dtype)
+        emb = torch.randn(3, 9, 8, dtype=dtype, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = head({"token_embeddings": emb, "attention_mask": mask, "input_ids": ids})
+            loss = out["sentence_embedding"].float().pow(2).sum()
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(emb.grad.float()).all()
+        assert emb.grad.dtype == dtype and head.weight.grad.dtype == dtype and head.bias.grad.dtype == dtype
+
+
 def test_bad_dimensions_name_the_option():
     with pytest.raises(ValueError, match=r"--dupmae-dim 9 is larger than the encoder's hidden size 8"):
         DupMAEHead(8, 41, 9, 6, SPECIAL)

@@ -50,6 +50,7 @@ class _VocabMaxPool(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, arg)
         ctx.mark_non_differentiable(arg)
         ctx.bias_needs_grad = bias.requires_grad
+        ctx.bias_dtype = bias.dtype
         return mu, arg
 
     @staticmethod
@@ -57,10 +58,12 @@ class _VocabMaxPool(torch.autograd.Function):
         hidden, weight, arg = ctx.saved_tensors
         batch, _, dim = hidden.shape
         vocab = weight.size(0)
-        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # accumulated in at least float32 whatever the dtypes (half models, autocast), cast at the end
+        acc = torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
+        grad_hidden = torch.zeros_like(hidden, dtype=acc) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=acc) if ctx.needs_input_grad[1] else None
         valid = arg >= 0
-        g = torch.where(valid, grad_mu, torch.zeros_like(grad_mu))
+        g = torch.where(valid, grad_mu.to(acc), torch.zeros((), dtype=acc, device=grad_mu.device))
         rows = max(1, CHUNK_ELEMENTS // max(dim, 1))
         for b in range(batch):
             for start in range(0, vocab, rows):
@@ -72,11 +75,16 @@ class _VocabMaxPool(torch.autograd.Function):
                 t = arg[b, sl][keep]
                 gv = g[b, sl][keep].unsqueeze(1)
                 if grad_hidden is not None:
-                    grad_hidden[b].index_add_(0, t, gv * weight[v])
+                    grad_hidden[b].index_add_(0, t, gv * weight[v].to(acc))
                 if grad_weight is not None:
-                    grad_weight.index_add_(0, v, gv * hidden[b, t])
-        grad_bias = g.sum(0) if ctx.bias_needs_grad else None
-        return grad_hidden, grad_weight, grad_bias, None
+                    grad_weight.index_add_(0, v, gv * hidden[b, t].to(acc))
+        grad_bias = g.sum(0).to(ctx.bias_dtype) if ctx.bias_needs_grad else None
+        return (
+            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            grad_bias,
+            None,
+        )
 
 
 def vocab_max_pool(
