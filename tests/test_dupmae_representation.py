@@ -405,6 +405,18 @@ def test_evaluate_and_finetune_with_the_dupmae_representation(dupmae_export, ret
         )
     )
     assert read_trec_run(tmp_path / "c") != run  # [CLS] dot products: another ranking
+    proc = retrieval_cli(
+        "evaluate.py",
+        "--model",
+        dupmae_export,
+        "--data",
+        retrieval_set,
+        "--representation",
+        "cls",
+        "--sparse-top-k",
+        "5",
+    )
+    assert proc.returncode == 2 and "--sparse-top-k applies to DupMAE's representation" in proc.stderr
 
     out = tmp_path / "ft"
     ft = last_json(

@@ -521,6 +521,8 @@ def test_fairseq_train_names_the_bad_option_last(demo_data_bin, tmp_path):
             "dupmae_tiny",
             "--decoder-mask-prob",
             "1.0",
+            "--batch-size",
+            "4",
             "--cpu",
             "--max-update",
             "1",

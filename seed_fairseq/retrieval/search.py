@@ -95,6 +95,10 @@ def load_model(
         model.max_seq_length = max_seq_length
     if (representation or folder_representation(folder)) == "dupmae":
         model = load_dupmae_model(model, folder, sparse_top_k)
+    elif sparse_top_k is not None:
+        raise DataFormatError(
+            folder, None, "--sparse-top-k applies to DupMAE's representation; this model is loaded with [CLS] pooling"
+        )
     return model
 
 
