@@ -106,6 +106,26 @@ OBJECTIVES = [
         heads=("bow_decoder.",),
         in_batch_terms=("cl",),
     ),
+    Objective(
+        "retromae",
+        "retromae_pretrain",
+        "retromae_pretrain",
+        "retromae_tiny",
+        ["--decoder-ffn-embed-dim", "23"],
+        bottleneck_terms=("dec",),
+        terms=("mlm", "dec"),
+        heads=("enhanced_decoder.",),
+    ),
+    Objective(
+        "dupmae",
+        "dupmae_pretrain",
+        "dupmae_pretrain",
+        "dupmae_tiny",
+        ["--decoder-ffn-embed-dim", "23"],
+        bottleneck_terms=("dec",),
+        terms=("mlm", "dec", "bow"),
+        heads=("enhanced_decoder.",),
+    ),
 ]
 
 BY_NAME = {o.name: o for o in OBJECTIVES}
