@@ -7,7 +7,9 @@
 ``--data`` is the folder written by ``python -m preprocess.build`` (dict.txt,
 spm.model, preprocess.json).  The output loads offline with
 ``AutoModel``/``AutoTokenizer``/``SentenceTransformer`` and was checked equal to
-fairseq (token ids, and outputs to --atol) before it was written.
+fairseq (token ids, and outputs to --atol) before it was written.  A DupMAE
+checkpoint also gets DupMAE's retrieval representation (``--representation``,
+``seed_fairseq/hf/dupmae_head.py``).
 """
 
 import argparse
@@ -31,9 +33,40 @@ def main(argv=None):
         "any other non-empty folder is refused, with or without --force",
     )
     p.add_argument("--atol", type=float, default=1e-5, help="max abs difference allowed vs fairseq (fp32)")
+    p.add_argument(
+        "--representation",
+        choices=("cls", "dupmae"),
+        default=None,
+        help="dupmae: also write DupMAE's representation (dupmae.json + dupmae_head.safetensors: the [CLS] "
+        "projection and the MLM head as vocabulary projection). Default: dupmae for a dupmae_pretrain "
+        "checkpoint (without --mlm-head), else cls",
+    )
+    p.add_argument(
+        "--dupmae-dim",
+        type=int,
+        default=None,
+        help="DupMAE: dimension d' of the projected [CLS] (default 384, or the hidden size if smaller; "
+        "d' = d is the identity)",
+    )
+    p.add_argument(
+        "--dupmae-top-k",
+        type=int,
+        default=None,
+        help="DupMAE: vocabulary entries kept per text (default 384, or the selectable vocabulary if smaller)",
+    )
     args = p.parse_args(argv)
     try:
-        export(args.checkpoint, args.data, args.out, force=args.force, with_lm_head=args.mlm_head, atol=args.atol)
+        export(
+            args.checkpoint,
+            args.data,
+            args.out,
+            force=args.force,
+            with_lm_head=args.mlm_head,
+            atol=args.atol,
+            representation=args.representation,
+            dupmae_dim=args.dupmae_dim,
+            dupmae_top_k=args.dupmae_top_k,
+        )
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

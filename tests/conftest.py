@@ -1,7 +1,9 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
-from helpers import DEMO_CORPUS, TINY_MODEL_ARGS, USER_DIR, build_data_bin
+from helpers import DEMO_CORPUS, REPO, TINY_MODEL_ARGS, USER_DIR, build_data_bin, check, cli
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -22,6 +24,97 @@ def odd_dict_dir(tmp_path_factory):
 def demo_data_bin(tmp_path_factory):
     """The embedded demo corpus through the project's own preprocessing."""
     return build_data_bin(DEMO_CORPUS, tmp_path_factory.mktemp("demo_bin"), vocab_size=500)
+
+
+@pytest.fixture(scope="session")
+def contract_data(tmp_path_factory):
+    """The demo corpus through the project's own preprocessing (odd vocabulary size)."""
+    out = tmp_path_factory.mktemp("contract") / "data-bin"
+    check(
+        [
+            sys.executable,
+            "-m",
+            "preprocess.build",
+            "--text",
+            REPO / "examples" / "data" / "demo_corpus.txt",
+            "--out",
+            out,
+            "--vocab-size",
+            "397",
+            "--workers",
+            "1",
+            "--valid-docs",
+            "4",
+            "--test-docs",
+            "2",
+        ],
+        cwd=REPO,
+    )
+    return out
+
+
+# SimLM's generator for the tests: a masked LM unlike the SimLM encoder (1 layer,
+# hidden 16, FFN 23), made the way the README documents, through the real CLI
+SIMLM_GENERATOR_ARCH = [
+    "--arch",
+    "seed_encoder_mlm_only",
+    "--encoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "23",
+    "--encoder-attention-heads",
+    "2",
+]
+
+
+def train_simlm_generator(data, save_dir, *extra, max_update=3):
+    """A tiny generator: seed_encoder_mlm_only on ``data`` for a few updates; its checkpoint."""
+    check(
+        [
+            cli("fairseq-train"),
+            data,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "seed_pretrain",
+            "--criterion",
+            "seed_pretrain",
+            *SIMLM_GENERATOR_ARCH,
+            "--tokens-per-sample",
+            "48",
+            "--sample-break-mode",
+            "none",
+            "--batch-size",
+            "4",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--lr-scheduler",
+            "fixed",
+            "--max-update",
+            str(max_update),
+            "--save-dir",
+            save_dir,
+            "--cpu",
+            "--seed",
+            "5",
+            "--num-workers",
+            "0",
+            "--no-epoch-checkpoints",
+            "--disable-validation",
+            *extra,
+        ]
+    )
+    return Path(save_dir) / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def simlm_generator(contract_data, tmp_path_factory):
+    """SimLM's frozen generator, trained on ``contract_data`` (``Objective.needs`` of ``simlm``)."""
+    return train_simlm_generator(contract_data, tmp_path_factory.mktemp("simlm_generator"))
 
 
 def build_task_model(data_dir, *extra, arch_args=TINY_MODEL_ARGS, tokens_per_sample=32):

@@ -4,13 +4,20 @@ for each (``tests/objectives.py`` lists them):
 1. the decoder side sees the encoder only through [CLS]: changing any other
    encoder output leaves its loss terms bit-identical;
 2. split invariance through the real CLI: 1 x 8, 1 x (4+4) with
-   ``--update-freq 2`` and 2 gloo workers x 4 make the same update;
+   ``--update-freq 2`` and 2 gloo workers x 4 make the same update (an objective
+   with in-batch terms: the worker split does; an ``--update-freq`` split gives
+   the count-weighted mean of the micro-batches' own losses -- ``objectives.py``);
+   in-process through fairseq's Trainer, the normalisation of an
+   ``--update-freq`` split is exact for every term of every objective;
 3. a resumed run logs the same next losses as the uninterrupted one;
 4. ``seed-drop-heads`` gives a checkpoint that stock fairseq loads as ``roberta``
    (no plugin) with the same encoder features;
-5. the HuggingFace export computes the same features as fairseq.
+5. the HuggingFace export computes the same features as fairseq;
+6. the fused vocabulary loss (``--vocab-loss chunked``, the default) gives the
+   same terms, counts and gradients as the full logits (``--vocab-loss plain``).
 """
 
+import copy
 import json
 import shutil
 import socket
@@ -63,40 +70,18 @@ ADAM = [
 ]
 
 
-@pytest.fixture(scope="session")
-def contract_data(tmp_path_factory):
-    """The demo corpus through the project's own preprocessing (odd vocabulary size)."""
-    out = tmp_path_factory.mktemp("contract") / "data-bin"
-    check(
-        [
-            sys.executable,
-            "-m",
-            "preprocess.build",
-            "--text",
-            REPO / "examples" / "data" / "demo_corpus.txt",
-            "--out",
-            out,
-            "--vocab-size",
-            "397",
-            "--workers",
-            "1",
-            "--valid-docs",
-            "4",
-            "--test-docs",
-            "2",
-        ],
-        cwd=REPO,
-    )
-    return out
+def needs(obj, request) -> dict:
+    """The session fixtures an objective needs (``Objective.needs``: a generator checkpoint ...)."""
+    return {fixture: request.getfixturevalue(fixture) for _, fixture in obj.needs}
 
 
-def train_cmd(obj, data, save_dir, *extra, max_update, batch_size=4, optim=ADAM):
+def train_cmd(obj, data, save_dir, *extra, max_update, batch_size=4, optim=ADAM, fixtures=None):
     return [
         cli("fairseq-train"),
         data,
         "--user-dir",
         USER_DIR,
-        *obj.args(),
+        *obj.args(**(fixtures or {})),
         "--tokens-per-sample",
         "48",
         "--sample-break-mode",
@@ -131,8 +116,13 @@ def records(proc):
     ]
 
 
-def build(obj, data, *extra):
+def build(obj, data, *extra, fixtures=None):
     """Task, model and criterion through fairseq's own argument parsing."""
+    task, model, criterion, _ = build_with_cfg(obj, data, *extra, fixtures=fixtures)
+    return task, model, criterion
+
+
+def build_with_cfg(obj, data, *extra, fixtures=None):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -143,7 +133,7 @@ def build(obj, data, *extra):
             str(data),
             "--user-dir",
             USER_DIR,
-            *obj.args(),
+            *obj.args(**(fixtures or {})),
             "--tokens-per-sample",
             "48",
             "--sample-break-mode",
@@ -154,7 +144,7 @@ def build(obj, data, *extra):
     )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
-    return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion), cfg
 
 
 # ---------------------------------------------------------------------------
@@ -181,8 +171,8 @@ def _terms(criterion, model, sample):
 
 
 @pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
-def test_decoder_side_sees_the_encoder_only_through_cls(obj, contract_data):
-    task, model, criterion = build(obj, contract_data)
+def test_decoder_side_sees_the_encoder_only_through_cls(obj, contract_data, request):
+    task, model, criterion = build(obj, contract_data, fixtures=needs(obj, request))
     task.load_dataset("valid")
     sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False))
     model.eval()
@@ -198,7 +188,8 @@ def test_decoder_side_sees_the_encoder_only_through_cls(obj, contract_data):
     handle = _perturb_encoder_output(model, slice(1, None))
     others = _terms(criterion, model, sample)
     handle.remove()
-    assert not torch.equal(others["mlm"], base["mlm"])  # the perturbation reached the encoder's output
+    # the perturbation reached the encoder's output (its own terms: MLM, SimLM's enc ...)
+    assert any(not torch.equal(others[t], base[t]) for t in base if t not in obj.bottleneck_terms)
     for term in obj.bottleneck_terms:
         assert torch.equal(others[term], base[term]), term
 
@@ -220,8 +211,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _one_update(obj, data, save_dir, *extra, launcher=()):
-    cmd = train_cmd(obj, data, save_dir, "--curriculum", "1", *extra, max_update=1, optim=SGD_ONE_STEP)
+def _one_update(obj, data, save_dir, *extra, launcher=(), fixtures=None):
+    cmd = train_cmd(
+        obj, data, save_dir, "--curriculum", "1", *extra, max_update=1, optim=SGD_ONE_STEP, fixtures=fixtures
+    )
     if launcher:  # torchrun starts the script itself
         cmd = [*launcher, *cmd]
     proc = check(cmd)
@@ -232,11 +225,17 @@ def _one_update(obj, data, save_dir, *extra, launcher=()):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
-def test_update_does_not_depend_on_the_split(obj, contract_data, tmp_path):
+def test_update_does_not_depend_on_the_split(obj, contract_data, tmp_path, request):
     """--curriculum 1 keeps the batch order, so 1 x 8, 1 x (4+4) and 2 x 4 see the same
-    eight blocks; one SGD step must move the weights identically."""
-    one, w_one = _one_update(obj, contract_data, tmp_path / "one", "--batch-size", "8")
-    freq, w_freq = _one_update(obj, contract_data, tmp_path / "freq", "--batch-size", "4", "--update-freq", "2")
+    eight blocks; one SGD step must move the weights identically.  An objective with
+    in-batch terms gathers their negatives over workers (2 x 4 must still equal 1 x 8),
+    but its --update-freq micro-batches see only their own negatives: there the logged
+    losses must be the count-weighted means of the micro-batches' own losses."""
+    f = needs(obj, request)
+    one, w_one = _one_update(obj, contract_data, tmp_path / "one", "--batch-size", "8", fixtures=f)
+    freq, w_freq = _one_update(
+        obj, contract_data, tmp_path / "freq", "--batch-size", "4", "--update-freq", "2", fixtures=f
+    )
     launcher = [
         sys.executable,
         "-m",
@@ -257,15 +256,92 @@ def test_update_does_not_depend_on_the_split(obj, contract_data, tmp_path):
         "--ddp-backend",
         "legacy_ddp",
         launcher=launcher,
+        fixtures=f,
     )
     assert float(one["gnorm"]) > 0
     keys = ["loss", "gnorm", "nsentences"] + [f"{t}_{k}" for t in obj.terms for k in ("loss", "ntokens")]
-    for other in (freq, two):
+    exact = [(two, w_two)] if obj.in_batch_terms else [(freq, w_freq), (two, w_two)]
+    for other, _ in exact:
         for key in keys:
             assert float(other[key]) == pytest.approx(float(one[key]), rel=1e-3, abs=1e-3), key
     for name, value in w_one.items():
-        torch.testing.assert_close(w_freq[name], value, rtol=1e-4, atol=1e-6, msg=name)
-        torch.testing.assert_close(w_two[name], value, rtol=1e-4, atol=1e-6, msg=name)
+        for _, w_other in exact:
+            torch.testing.assert_close(w_other[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    if obj.in_batch_terms:
+        _check_micro_batch_means(obj, contract_data, tmp_path / "parts", one, freq, fixtures=f)
+
+
+SGD_NO_STEP = [*SGD_ONE_STEP[:3], "0.0", *SGD_ONE_STEP[4:]]  # lr 0: every update at the same weights
+
+
+def _check_micro_batch_means(obj, data, save_dir, one, freq, fixtures=None):
+    """The two micro-batches of the --update-freq run as two updates of their own at the
+    initial weights: each term of the split update is their count-weighted mean."""
+    cmd = train_cmd(
+        obj,
+        data,
+        save_dir,
+        "--curriculum",
+        "1",
+        "--batch-size",
+        "4",
+        max_update=2,
+        optim=SGD_NO_STEP,
+        fixtures=fixtures,
+    )
+    parts = records(check(cmd))
+    assert [int(p["num_updates"]) for p in parts] == [1, 2]
+    for term in obj.terms:
+        counts = [float(p[f"{term}_ntokens"]) for p in parts]
+        assert float(freq[f"{term}_ntokens"]) == sum(counts) == float(one[f"{term}_ntokens"]), term
+        mean = sum(float(p[f"{term}_loss"]) * n for p, n in zip(parts, counts)) / sum(counts)
+        assert float(freq[f"{term}_loss"]) == pytest.approx(mean, abs=2e-3), term  # logs round to 1e-3
+        if term in obj.in_batch_terms:  # fewer negatives: a different loss, else this tests nothing
+            assert float(freq[f"{term}_loss"]) != pytest.approx(float(one[f"{term}_loss"]), abs=0.05), term
+        else:
+            assert float(freq[f"{term}_loss"]) == pytest.approx(float(one[f"{term}_loss"]), abs=1e-3), term
+
+
+def _train_step(trainer, samples):
+    trainer.train_step(samples)
+    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
+def test_update_is_the_count_weighted_mean_of_the_micro_batches(obj, contract_data, request):
+    """Through fairseq's Trainer: the gradient of a 1 x (4+4) --update-freq 2 update is
+    sum_t w_t sum_k (N_tk / N_t) g_tk, where g_tk is micro-batch k's gradient of term t
+    alone as an update of its own and N_tk its units of term t: every term is normalised
+    by the count of the whole update, whether its per-unit loss is in-batch or not."""
+    from fairseq.trainer import Trainer
+
+    from seed_fairseq.data.update_counts import UPDATE_COUNTS
+
+    task, model, criterion, cfg = build_with_cfg(
+        obj, contract_data, *SGD_ONE_STEP, "--batch-size", "4", "--update-freq", "2", fixtures=needs(obj, request)
+    )
+    trainer = Trainer(cfg, task, model, criterion)
+    task.load_dataset("train")
+    itr = task.get_batch_iterator(task.dataset("train"), max_sentences=4, seed=5).next_epoch_itr(shuffle=True)
+    micro = [next(itr), next(itr)]
+    totals = micro[0][UPDATE_COUNTS]
+    initial = copy.deepcopy(trainer.model.state_dict())
+    split = _train_step(trainer, micro)
+
+    weights = dict(criterion.weights)
+    expected = {name: torch.zeros_like(g) for name, g in split.items()}
+    for term, weight in weights.items():
+        for mb in micro:
+            own = {k: v for k, v in mb.items() if k != UPDATE_COUNTS}  # an update of its own
+            share = float(task.term_counts(own)[term]) / float(totals[term])
+            criterion.weights = {t: float(t == term) for t in weights}
+            trainer.model.load_state_dict(initial)
+            for name, g in _train_step(trainer, [own]).items():
+                expected[name] += weight * share * g
+    criterion.weights = weights
+    assert len(split) > 10
+    for name, g in split.items():
+        torch.testing.assert_close(g, expected[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ---------------------------------------------------------------------------
@@ -282,7 +358,17 @@ def straight_run(contract_data, tmp_path_factory, request):
     if obj.name not in _RUNS:
         save = tmp_path_factory.mktemp(f"straight_{obj.name}")
         proc = check(
-            train_cmd(obj, contract_data, save, "--update-freq", "2", "--save-interval-updates", "2", max_update=4)
+            train_cmd(
+                obj,
+                contract_data,
+                save,
+                "--update-freq",
+                "2",
+                "--save-interval-updates",
+                "2",
+                max_update=4,
+                fixtures=needs(obj, request),
+            )
         )
         _RUNS[obj.name] = (save, {int(r["num_updates"]): r for r in records(proc)})
     return (obj, *_RUNS[obj.name])
@@ -290,11 +376,21 @@ def straight_run(contract_data, tmp_path_factory, request):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("straight_run", OBJECTIVES, ids=IDS, indirect=True)
-def test_resume_logs_the_same_next_losses(straight_run, contract_data, tmp_path):
+def test_resume_logs_the_same_next_losses(straight_run, contract_data, tmp_path, request):
     obj, save, straight = straight_run
     shutil.copy(save / "checkpoint_1_2.pt", tmp_path / "checkpoint_last.pt")
     proc = check(
-        train_cmd(obj, contract_data, tmp_path, "--update-freq", "2", "--save-interval-updates", "2", max_update=4)
+        train_cmd(
+            obj,
+            contract_data,
+            tmp_path,
+            "--update-freq",
+            "2",
+            "--save-interval-updates",
+            "2",
+            max_update=4,
+            fixtures=needs(obj, request),
+        )
     )
     resumed = records(proc)
     assert [int(r["num_updates"]) for r in resumed] == [3, 4]
@@ -395,3 +491,38 @@ def test_export_equals_fairseq(straight_run, contract_data, tmp_path):
         theirs = hf(input_ids=tokens, attention_mask=tokens.ne(1).long()).last_hidden_state
     keep = tokens.ne(1)
     torch.testing.assert_close(theirs[keep], ours[keep], rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# 6. the fused vocabulary loss
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
+def test_fused_vocabulary_loss_equals_the_full_logits(obj, contract_data, request):
+    no_dropout = ("--dropout", "0", "--attention-dropout", "0")
+    f = needs(obj, request)
+    task, model, fused = build(obj, contract_data, *no_dropout, "--vocab-loss-chunk-size", "7", fixtures=f)
+    _, _, plain = build(obj, contract_data, *no_dropout, "--vocab-loss", "plain", fixtures=f)
+    assert fused.head_inputs and not plain.head_inputs
+    task.load_dataset("valid")
+    sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False))
+    model.train()
+    results = []
+    for criterion in (plain, fused):
+        torch.manual_seed(0)
+        model.zero_grad()
+        terms = criterion.compute_terms(model, sample)
+        sum(t.loss for t in terms.values()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append(({k: (t.loss.detach(), t.correct) for k, t in terms.items()}, grads))
+    (t_plain, g_plain), (t_fused, g_fused) = results
+    assert set(t_fused) == set(t_plain) == set(obj.terms)
+    for term, (loss, correct) in t_plain.items():
+        torch.testing.assert_close(t_fused[term][0], loss, rtol=1e-5, atol=1e-5, msg=term)
+        assert (correct is None) == (t_fused[term][1] is None), term
+        if correct is not None:
+            assert int(t_fused[term][1]) == int(correct), term
+    assert g_fused.keys() == g_plain.keys()
+    for name in g_plain:
+        torch.testing.assert_close(g_fused[name], g_plain[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -140,12 +140,13 @@ def test_diagnostics_do_not_change_the_training_trajectory(data, tmp_path):
         assert a["valid_loss"] == b["valid_loss"]
 
 
+SEED = 0
+
+
 def test_trained_decoder_takes_bits_from_cls(data):
     """Trained on one batch until the decoder can tell its four sequences apart: it can only
     do that through [CLS], so rotating [CLS] must cost bits (the diagnostic is > 0)."""
-    # a fixed initialisation: after 60 steps the diagnostic ranges 0.45-1.9 over seeds 0-3, and
-    # the global RNG state here depends on which tests ran before
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)  # the initial weights, whatever ran before in this process
     task, model, criterion = build(data, "--dropout", "0", "--attention-dropout", "0")
     task.load_dataset("valid")
     itr = task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False)
@@ -162,5 +163,5 @@ def test_trained_decoder_takes_bits_from_cls(data):
     # untrained: [CLS] vectors nearly equal (cosine ~1), rotating them changes almost nothing;
     # trained: the decoder takes information from them (measured: 6e-5 -> 1.5 nats per batch)
     assert abs(before["diag_dec_cls_sum"]) < 0.05
-    assert after["diag_dec_cls_sum"] > 0.5, after
+    assert after["diag_dec_cls_sum"] > 0.2, after  # 0.1 to 2 nats over initialisations; > 0.5 for seed 0
     assert after["diag_cos_sum"] / after["diag_cos_pairs"] < 1

@@ -37,6 +37,8 @@ def run_cli(script, *args, timeout=300):
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # the package of this checkout, not whichever one is installed in editable mode
+        "PYTHONPATH": str(REPO),
     }
     return subprocess.run(
         [sys.executable, str(RETRIEVAL / script), *map(str, args)],

@@ -4,7 +4,10 @@
     python examples/retrieval/evaluate.py --model HF_DIR --data DIR --split test --run OUT.trec
 
 HF_DIR is an exported checkpoint (examples/export_to_hf.py) or a folder saved by
-finetune.py: a sentence-transformers model with [CLS] pooling.  The metrics
+finetune.py: a sentence-transformers model with [CLS] pooling, searched with faiss;
+a folder with DupMAE's head files (dupmae.json) is searched with DupMAE's own
+representation (projected [CLS] + top-k vocabulary entries, exact combined top-k)
+unless --representation cls.  The metrics
 (MRR@10, R@100, R@1000, nDCG@10) are printed as one JSON object on the last line.
 """
 
@@ -37,7 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.run:
             check_run_output(args.run)  # before encoding anything: a bad --run costs nothing
         data = load_data(args.data, args.split)
-        model = load_model(args.model, args.device, args.max_seq_length)
+        model = load_model(args.model, args.device, args.max_seq_length, args.representation, args.sparse_top_k)
         metrics, run = evaluate_model(
             model,
             data,

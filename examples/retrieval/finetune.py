@@ -30,6 +30,11 @@
   When no negative at all is possible (every document is judged for every
   training query, e.g. a one-passage corpus) the run stops with an error that
   names the data folder.
+* ``--representation dupmae`` (the default for a folder with DupMAE's head files):
+  the score is DupMAE's Eq. 12 (projected [CLS] dot + sparse dot over shared
+  vocabulary indices), trained with the same losses (Eq. 13: in-batch plus hard
+  negatives); the [CLS] projection and the vocabulary projection are trained
+  with the encoder and saved back beside it.
 * ``OUT`` is built under a temporary name beside it and renamed into place when
   complete, with ``OUT/finetune.json`` as this tool's record: an existing
   ``OUT`` is replaced only if it holds that record, a non-empty folder without
@@ -96,6 +101,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             device=args.device,
             max_seq_length=args.max_seq_length,
             index_kw=index_kwargs(args),
+            representation=args.representation,
+            sparse_top_k=args.sparse_top_k,
         )
     except (DataFormatError, OutputError, SearchError) as e:
         return report(e)

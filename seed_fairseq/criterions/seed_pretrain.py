@@ -16,11 +16,10 @@ earlier code path (the model's logits, then ``F.cross_entropy``).
 from dataclasses import dataclass, field
 from typing import Dict
 
-import torch.nn.functional as F
 from fairseq.criterions import register_criterion
 
 from .multi_term import MultiTermCriterion, Term
-from .vocab_loss import VocabLossConfig, check_vocab_loss, vocab_term
+from .vocab_loss import VocabLossConfig, VocabLossMixin, token_nll, vocab_term
 
 
 @dataclass
@@ -39,34 +38,22 @@ class SeedPretrainCriterionConfig(VocabLossConfig):
     )
 
 
-def token_nll(logits, target, pad):
-    """(summed NLL in fp32, number correct) over the positions where target != pad."""
-    logits = logits.float().view(-1, logits.size(-1))
-    target = target.reshape(-1)
-    nll = F.cross_entropy(logits, target, ignore_index=pad, reduction="sum")
-    correct = (logits.argmax(-1).eq(target) & target.ne(pad)).sum()
-    return Term(nll, correct)
-
-
 @register_criterion("seed_pretrain", dataclass=SeedPretrainCriterionConfig)
-class SeedPretrainCriterion(MultiTermCriterion):
+class SeedPretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("dec",)
 
     def __init__(self, task, mlm_weight=0.5, decoder_weight=0.5, vocab_loss="chunked", vocab_loss_chunk_size=0):
         super().__init__(task, {"mlm": mlm_weight, "dec": decoder_weight})
-        check_vocab_loss(vocab_loss, vocab_loss_chunk_size)
-        self.vocab_loss = str(vocab_loss)
-        self.vocab_loss_chunk_size = vocab_loss_chunk_size
+        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
 
     def compute_terms(self, model, sample) -> Dict[str, Term]:
-        if self.vocab_loss == "plain":
+        if not self.head_inputs:
             return self._plain_terms(model, sample)
         pad = self.padding_idx
         masked_tokens = sample["target"].ne(pad)
         mlm_hidden, extra = model(**sample["net_input"], masked_tokens=masked_tokens, head_inputs=True)
-        weight, bias = model.mlm_projection()
+        terms = {"mlm": self.lm_head_term(model, mlm_hidden, sample["target"][masked_tokens])}
         options = dict(implementation=self.vocab_loss, chunk_size=self.vocab_loss_chunk_size)
-        terms = {"mlm": vocab_term(mlm_hidden, weight, sample["target"][masked_tokens], pad, bias=bias, **options)}
         if extra.get("decoder_features") is not None:  # None: the MLM-only baseline
             projection = model.weak_decoder.output_projection.weight  # tied to the token embeddings, no bias
             terms["dec"] = vocab_term(extra["decoder_features"], projection, sample["dec_target"], pad, **options)

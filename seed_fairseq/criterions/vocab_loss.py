@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.linear_cross_entropy import IMPLEMENTATIONS, linear_cross_entropy
@@ -79,3 +80,47 @@ def vocab_term(
         implementation=str(implementation),
     )
     return Term(nll, correct)
+
+
+def token_nll(logits: torch.Tensor, target: torch.Tensor, pad: int) -> Term:
+    """(summed NLL in fp32, number correct) over the positions where target != pad, from full logits."""
+    logits = logits.float().view(-1, logits.size(-1))
+    target = target.reshape(-1)
+    nll = F.cross_entropy(logits, target, ignore_index=pad, reduction="sum")
+    correct = (logits.argmax(-1).eq(target) & target.ne(pad)).sum()
+    return Term(nll, correct)
+
+
+class VocabLossMixin:
+    """For a criterion whose config subclasses :class:`VocabLossConfig` and whose model
+    predicts through RoBERTa's LM head (``BottleneckEncoderModel.lm_head``): call
+    ``set_vocab_loss`` in ``__init__``, pass ``head_inputs=self.head_inputs`` to the
+    model, and turn each of its outputs into a term with ``lm_head_term``."""
+
+    vocab_loss = "chunked"
+    vocab_loss_chunk_size = 0
+
+    def set_vocab_loss(self, vocab_loss: str, vocab_loss_chunk_size: int) -> None:
+        check_vocab_loss(vocab_loss, vocab_loss_chunk_size)
+        self.vocab_loss = str(vocab_loss)
+        self.vocab_loss_chunk_size = vocab_loss_chunk_size
+
+    @property
+    def head_inputs(self) -> bool:
+        """Whether the model should return the LM head's inputs (fused loss) instead of its logits."""
+        return self.vocab_loss != "plain"
+
+    def lm_head_term(self, model, out: torch.Tensor, target: torch.Tensor) -> Term:
+        """The term of ``target`` from ``out``: the model's output for ``head_inputs=self.head_inputs``."""
+        if not self.head_inputs:
+            return token_nll(out, target, self.padding_idx)
+        weight, bias = model.mlm_projection()
+        return vocab_term(
+            out,
+            weight,
+            target,
+            self.padding_idx,
+            bias=bias,
+            implementation=self.vocab_loss,
+            chunk_size=self.vocab_loss_chunk_size,
+        )

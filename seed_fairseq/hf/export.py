@@ -346,11 +346,82 @@ Checked at export: tokenizer ids equal fairseq's, and HF outputs equal fairseq's
 """
 
 
-def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
+def _verify_head(fs_model, head_or_folder, tokenizer, texts, max_len, atol, hf_model=None) -> float:
+    """The DupMAE head on the exported encoder's outputs vs the fairseq model's own MLM head."""
+    from . import dupmae_export
+
+    batch = tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if hf_model is not None:
+        head = head_or_folder
+        with torch.no_grad():
+            token_embeddings = hf_model(**batch).last_hidden_state
+    else:
+        from ..retrieval.dupmae import dupmae_head
+        from ..retrieval.search import load_model
+
+        st = load_model(str(head_or_folder), device="cpu", representation="dupmae")
+        head = dupmae_head(st).eval()
+        with torch.no_grad():
+            token_embeddings = st[0]({"input_ids": ids, "attention_mask": mask})["token_embeddings"]
+    projection = head.cls_projection.weight.detach()
+    reference = dupmae_export.fairseq_reference(fs_model, ids, mask, projection, head.head_config["special_ids"])
+    ours = dupmae_export.head_outputs(head, token_embeddings, mask, ids)
+    diff = dupmae_export.max_difference(reference, ours, mask)
+    # logits reach tens; the encoder's features agree to ``atol``
+    limit = atol * max(1.0, reference[1].abs().max().item())
+    if not diff <= limit:
+        raise ExportError(f"DupMAE head outputs differ from fairseq's: max abs diff {diff:.3g} > {limit:g}")
+    return diff
+
+
+def dupmae_card(head) -> str:
+    c = head.head_config
+    return f"""
+## DupMAE representation
+
+This folder also holds DupMAE's own retrieval representation (Xiao & Liu, "RetroMAE v2: Duplex
+Masked Auto-Encoder", Eq. 10-12): `dupmae.json` and `dupmae_head.safetensors`, read by
+`seed_fairseq.hf.dupmae_head.load_head` and used by `examples/retrieval/{{evaluate,finetune}}.py`
+(`--representation dupmae`, the default for this folder):
+
+* dense: the [CLS] vector projected to d' = {c["dim"]} dimensions; the projection: {c["cls_projection"]};
+* sparse: the top k = {c["top_k"]} entries of the MLM head's vocabulary logits max-pooled over the ordinary
+  tokens, kept at their vocabulary indices;
+* score: dense dot product + sparse dot product over the shared indices.
+
+`SentenceTransformer` on this folder alone gives the plain [CLS] vector.
+"""
+
+
+def export(
+    checkpoint,
+    data,
+    out,
+    force=False,
+    with_lm_head=False,
+    atol=1e-5,
+    representation=None,
+    dupmae_dim=None,
+    dupmae_top_k=None,
+):
+    """``representation``: ``dupmae`` adds DupMAE's head files (``dupmae_export.py``),
+    ``cls`` does not; None: ``dupmae`` for a DupMAE checkpoint exported without the
+    MLM head, else ``cls``.  ``dupmae_dim`` (d', default min(384, d)) and
+    ``dupmae_top_k`` (k, default min(384, selectable vocabulary)) configure it."""
     from fairseq import checkpoint_utils
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, XLMRobertaForMaskedLM, XLMRobertaModel
 
+    from . import dupmae_export
+
     out = Path(out)
+    if representation not in (None, "cls", "dupmae"):
+        raise ExportError(f"--representation must be cls or dupmae, got {representation!r}")
+    if representation == "dupmae" and with_lm_head:
+        raise ExportError(
+            "--representation dupmae cannot be combined with --mlm-head: the DupMAE head goes beside "
+            "the sentence-transformers encoder folder (it holds the MLM head itself)"
+        )
     try:
         earlier = check_output_dir(out, EXPORT_RECORD, "examples/export_to_hf.py")
     except OutputError as e:
@@ -359,6 +430,20 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
         raise ExportError(f"{out}: holds an earlier export; pass --force to replace it")
     state, cfg, model_cfg, dictionary, texts_source, dropped = load_inputs(checkpoint, data)
     max_len = model_cfg["max_positions"]
+    if representation is None:
+        representation = "cls" if with_lm_head else dupmae_export.default_representation(cfg)
+    if representation == "cls" and (dupmae_dim is not None or dupmae_top_k is not None):
+        raise ExportError(
+            f"{checkpoint}: --dupmae-dim / --dupmae-top-k given, but this checkpoint exports the [CLS] "
+            "representation (pass --representation dupmae)"
+        )
+    if representation == "dupmae":
+        try:
+            dupmae_dim, dupmae_top_k = dupmae_export.check_options(
+                checkpoint, state, model_cfg, dictionary, dupmae_dim, dupmae_top_k
+            )
+        except ValueError as e:
+            raise ExportError(str(e)) from e
 
     src = texts_source
     config = hf_config(model_cfg, len(dictionary), with_lm_head, pad=src.pad, bos=src.bos, eos=src.eos)
@@ -375,6 +460,17 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
     texts = _check_texts(src, data)
     diff = verify(fs_model, hf_model, tokenizer, src, texts, max_len, atol, with_lm_head)
     logger.info(f"fairseq vs HF: ids equal on {len(texts)} strings, max abs diff {diff:.2e}")
+    head = None
+    if representation == "dupmae":
+        activation = ACTIVATIONS[model_cfg.get("activation_fn", "gelu")]
+        try:
+            head = dupmae_export.build_head(
+                fs_model, state, dictionary, data, max_len, dupmae_dim, dupmae_top_k, activation
+            )
+        except ValueError as e:
+            raise ExportError(str(e)) from e
+        head_diff = _verify_head(fs_model, head, tokenizer, texts, max_len, atol, hf_model)
+        logger.info(f"DupMAE head (d'={dupmae_dim}, k={dupmae_top_k}) vs fairseq: max abs diff {head_diff:.2e}")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = temp_dir_beside(out)
@@ -387,7 +483,11 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
             word = models.Transformer(str(staging), max_seq_length=max_len)
             pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="cls")
             SentenceTransformer(modules=[word, pooling], device="cpu").save(str(staging))
-        (staging / "README.md").write_text(model_card(cfg, model_cfg, state, src, diff, with_lm_head))
+        card = model_card(cfg, model_cfg, state, src, diff, with_lm_head)
+        if head is not None:
+            head.save(staging)
+            card += dupmae_card(head)
+        (staging / "README.md").write_text(card)
         # the written folder, reloaded the way users will load it
         auto = (AutoModelForMaskedLM if with_lm_head else AutoModel).from_pretrained(staging).eval()
         verify(
@@ -400,6 +500,8 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
             atol,
             with_lm_head,
         )
+        if head is not None:  # the head files, reloaded the way the retrieval tools load them
+            _verify_head(fs_model, staging, tokenizer, texts, max_len, atol)
         # the record last: it is what makes the folder this tool's own (--force may replace it)
         write_json_atomic(
             staging / EXPORT_RECORD,
@@ -409,6 +511,7 @@ def export(checkpoint, data, out, force=False, with_lm_head=False, atol=1e-5):
                 "data": str(Path(data).resolve()),
                 "dictionary_sha256": dictionary_sha256(Path(data) / "dict.txt"),
                 "with_lm_head": with_lm_head,
+                "representation": representation,
                 "max_abs_diff": diff,
                 "files": sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
                 + [EXPORT_RECORD],

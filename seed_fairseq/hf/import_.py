@@ -25,7 +25,15 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..fileio import OutputError, check_output_dir, replace_dir, temp_dir_beside, write_json_atomic, write_text_atomic
+from ..fileio import (
+    OutputError,
+    check_output_dir,
+    chmod_tree,
+    replace_dir,
+    temp_dir_beside,
+    write_json_atomic,
+    write_text_atomic,
+)
 from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, hf_to_fairseq
 from .keymap import UnmappedKeyError
 from .vocab import RECORD as VOCAB_RECORD
@@ -337,9 +345,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
                 + [IMPORT_RECORD],
             },
         )
-        from .export import _chmod_tree
-
-        _chmod_tree(staging)
+        chmod_tree(staging)
         replace_dir(staging, out)
     finally:
         if staging.exists():

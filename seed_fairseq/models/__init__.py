@@ -1,5 +1,8 @@
 from .bottleneck import BottleneckEncoderModel  # noqa: F401
+from .cpdae import CpdaeModel  # noqa: F401
+from .retromae import RetroMAEModel  # noqa: F401
 from .seed_encoder import SeedEncoderModel  # noqa: F401
+from .simlm import SimLMModel  # noqa: F401
 
 
 def pretraining_model_class(name: str):

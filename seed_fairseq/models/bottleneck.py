@@ -101,6 +101,13 @@ class BottleneckEncoderModel(RobertaModel):
             features = features[masked_tokens, :]
         return head.layer_norm(head.activation_fn(head.dense(features)))
 
+    def lm_head(self, features, masked_tokens=None, head_inputs=False):
+        """The LM head's logits, or with ``head_inputs`` what its vocabulary projection takes
+        (``mlm_hidden``), for a criterion's fused loss (``criterions/vocab_loss.py``)."""
+        if head_inputs:
+            return self.mlm_hidden(features, masked_tokens=masked_tokens)
+        return self.mlm_logits(features, masked_tokens=masked_tokens)
+
     def mlm_projection(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(weight, bias) of the LM head's vocabulary projection (the weight is tied to the token embeddings)."""
         return self.encoder.lm_head.weight, self.encoder.lm_head.bias

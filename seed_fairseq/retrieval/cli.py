@@ -93,6 +93,19 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pq-m", type=positive_int, default=64, help="PQ sub-quantizers (must divide the dimension)")
     g.add_argument("--hnsw-m", type=positive_int, default=32)
     g.add_argument("--ef-search", type=positive_int, default=128)
+    g.add_argument(
+        "--representation",
+        choices=("cls", "dupmae"),
+        default=None,
+        help="cls: the [CLS] vector; dupmae: DupMAE's projected [CLS] + top-k vocabulary entries (Eq. 10-12; "
+        "the folder needs dupmae.json and dupmae_head.safetensors). Default: what the model folder declares",
+    )
+    g.add_argument(
+        "--sparse-top-k",
+        type=positive_int,
+        default=None,
+        help="DupMAE: vocabulary entries kept per text (default: the folder's dupmae.json)",
+    )
 
 
 def index_kwargs(args: argparse.Namespace) -> dict:

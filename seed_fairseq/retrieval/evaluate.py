@@ -11,7 +11,7 @@ from typing import Dict, Tuple
 
 from .data import RetrievalData
 from .metrics import evaluate
-from .search import DenseRetriever
+from .search import make_retriever
 
 
 def evaluate_model(
@@ -29,7 +29,7 @@ def evaluate_model(
     ValueError when ``data`` has no judged query (see ``metrics.per_query``),
     :class:`SearchError` for an empty corpus or index settings faiss refuses.
     """
-    retriever = DenseRetriever(
+    retriever = make_retriever(
         model,
         data.corpus,
         batch_size=batch_size,

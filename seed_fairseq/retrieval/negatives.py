@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from .bm25 import BM25
 from .data import RetrievalData
-from .search import DenseRetriever
+from .search import make_retriever
 
 if TYPE_CHECKING:
     from .training import FinetuneConfig
@@ -28,7 +28,7 @@ def mine_bm25(data: RetrievalData, qids: Sequence[str], k: int) -> Dict[str, Lis
 def mine_dense(
     model, data: RetrievalData, qids: Sequence[str], k: int, cfg: "FinetuneConfig", **index_kw
 ) -> Dict[str, List[str]]:
-    retriever = DenseRetriever(
+    retriever = make_retriever(
         model,
         data.corpus,
         batch_size=cfg.encode_batch_size,

@@ -78,12 +78,27 @@ def quantized_int8(model):
         return torch.ao.quantization.quantize_dynamic(copy_, {torch.nn.Linear}, dtype=torch.qint8)
 
 
-def load_model(path: str, device: Optional[str] = None, max_seq_length: Optional[int] = None):
+def load_model(
+    path: str,
+    device: Optional[str] = None,
+    max_seq_length: Optional[int] = None,
+    representation: Optional[str] = None,
+    sparse_top_k: Optional[int] = None,
+):
     """A SentenceTransformer from a local folder; a bad folder is a :class:`DataFormatError`.
 
     Only local folders: sentence-transformers would look a missing path up on
     the Hugging Face hub (a network wait, then a long traceback).
+
+    ``representation``: ``cls`` (the folder's [CLS] pooling), ``dupmae`` (DupMAE's
+    dense + sparse representation, ``dupmae.py``; the folder must hold its head
+    files) or None: what the folder declares.  ``sparse_top_k`` overrides the
+    DupMAE head's top-k.
     """
+    from .dupmae import REPRESENTATIONS, folder_representation, load_dupmae_model
+
+    if representation is not None and representation not in REPRESENTATIONS:
+        raise ValueError(f"representation must be one of {REPRESENTATIONS}, got {representation!r}")
     folder = Path(path)
     if not folder.exists():
         raise DataFormatError(folder, None, "model folder not found")
@@ -112,6 +127,12 @@ def load_model(path: str, device: Optional[str] = None, max_seq_length: Optional
             )
             max_seq_length = limit
         model.max_seq_length = max_seq_length
+    if (representation or folder_representation(folder)) == "dupmae":
+        model = load_dupmae_model(model, folder, sparse_top_k)
+    elif sparse_top_k is not None:
+        raise DataFormatError(
+            folder, None, "--sparse-top-k applies to DupMAE's representation; this model is loaded with [CLS] pooling"
+        )
     return model
 
 
@@ -290,6 +311,14 @@ def to_run(
     for qid, srow, irow in zip(qids, scores, ids):
         run[qid] = {doc_ids[i]: float(s) for s, i in zip(srow, irow) if i >= 0}
     return run
+
+
+def make_retriever(model, corpus: Dict[str, str], **kwargs):
+    """The retriever of the model's representation: :class:`DenseRetriever` ([CLS]) or
+    ``dupmae.DupMAERetriever`` (same arguments and ``retrieve``)."""
+    from .dupmae import DupMAERetriever, dupmae_head
+
+    return (DupMAERetriever if dupmae_head(model) is not None else DenseRetriever)(model, corpus, **kwargs)
 
 
 class DenseRetriever:

@@ -29,6 +29,11 @@
   When no negative at all is possible (every document is judged for every
   training query, e.g. a one-passage corpus) the run stops with an error that
   names the data folder.
+* ``--representation dupmae`` (the default for a folder with DupMAE's head files):
+  the score is DupMAE's Eq. 12 (projected [CLS] dot + sparse dot over shared
+  vocabulary indices), trained with the same losses (Eq. 13: in-batch plus hard
+  negatives); the [CLS] projection and the vocabulary projection are trained
+  with the encoder and saved back beside it.
 * ``OUT`` is built under a temporary name beside it and renamed into place when
   complete, with ``OUT/finetune.json`` as this tool's record: an existing
   ``OUT`` is replaced only if it holds that record, a non-empty folder without
@@ -59,6 +64,7 @@ import torch
 from ..fileio import check_output_dir, check_parents, chmod_tree, replace_dir, temp_dir_beside, write_json_atomic
 from .cli import fraction, nonneg_float, nonneg_int, positive_float, positive_int, seed_int, unit_interval
 from .data import DataFormatError, RetrievalData, subsample
+from .dupmae import dupmae_head, save_model
 from .evaluate import evaluate_model
 from .negatives import mine_bm25, mine_dense, negatives_per_query
 from .search import load_model
@@ -536,6 +542,8 @@ def finetune_to_folder(
     device: Optional[str] = None,
     max_seq_length: Optional[int] = None,
     index_kw: Optional[dict] = None,
+    representation: Optional[str] = None,
+    sparse_top_k: Optional[int] = None,
 ) -> dict:
     """Fine-tune the model at ``model_path`` and save it as the folder ``out``.
 
@@ -553,7 +561,7 @@ def finetune_to_folder(
     check_parents(out)
     qids = [q for q in train.query_ids() if train.positives(q)]
     check_training_data(train, cfg, subsample(qids, cfg.train_fraction, cfg.seed) if qids else qids, log=False)
-    model = load_model(model_path, device, max_seq_length)
+    model = load_model(model_path, device, max_seq_length, representation, sparse_top_k)
     staging, created = None, []
     try:
         created = _make_parents(out.parent)
@@ -561,12 +569,16 @@ def finetune_to_folder(
         summary = finetune(
             model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None, **(index_kw or {})
         )
-        model.save(str(staging))
+        head = dupmae_head(model)
+        if head is not None:
+            head.head_config["cls_projection"] += f"; then fine-tuned by {TOOL}"
+        save_model(model, staging)  # a DupMAE model keeps its head files (dupmae.py)
         chmod_tree(staging)
         summary.update(
             tool=TOOL,
             config=asdict(cfg),
             model=str(model_path),
+            representation="dupmae" if head is not None else "cls",
             data=str(train.folder or train.name),
             split=train.split,
             dev_split=dev.split if dev is not None else None,

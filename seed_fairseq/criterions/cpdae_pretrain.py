@@ -1,0 +1,166 @@
+"""CPDAE's loss (Xu et al., CIKM 2022, Eq. 6):
+
+    loss = w_mlm * L_MLM + w_bow * L_REC + λ * L_CL            (paper: 1, 1, λ = 0.1)
+
+Three named terms of :class:`~seed_fairseq.criterions.multi_term.MultiTermCriterion`:
+
+``mlm``  cross-entropy at the masked positions of BOTH views; a mean over the
+         global count of their masked tokens.
+``bow``  L_REC (Eq. 4): per-vocabulary sigmoid + binary cross-entropy of the MLP
+         decoder's logits against the multi-hot set of the text's tokens
+         (specials and <mask> excluded from targets AND predictions), for each
+         view; summed over the vocabulary as Eq. 4 writes it (``--bow-reduction
+         mean`` divides by the word count), then a mean over the global views.
+``cl``   L_CL (Eq. 5): InfoNCE over the 2m views of the GLOBAL batch (gathered
+         across workers, ``modules/contrastive.py``), every view an anchor, the
+         other view of its text the positive; logits ``-JS(z_i, z_k)`` between
+         word distributions (the sigmoids normalised to sum 1, fp32, clamped
+         logs: ``modules/js_divergence.py``), or with ``--contrast cls``
+         (CPDAE') the dot product of the [CLS] vectors; a mean over the global
+         views.  What this makes split-invariant: the worker split (negatives are
+         gathered); NOT ``--update-freq``, whose micro-batches see only their
+         own negatives -- the update is then exactly the count-weighted mean of
+         the micro-batches' own losses.  Validation contrasts within each
+         worker's batch (no collectives outside training).
+
+``bow`` and ``cl`` see the encoder only through [CLS].
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.criterions import register_criterion
+from fairseq.dataclass import ChoiceEnum
+from omegaconf import II
+
+from ..modules.contrastive import data_parallel_group, dense_similarity, info_nce_sum
+from ..modules.js_divergence import pairwise_js
+from ..tasks.cpdae_pretrain import DUMMY_BATCH
+from .multi_term import MultiTermCriterion, Term
+from .vocab_loss import VocabLossConfig, VocabLossMixin
+
+CONTRAST_CHOICES = ChoiceEnum(["words", "cls"])
+REDUCTION_CHOICES = ChoiceEnum(["sum", "mean"])
+
+
+@dataclass
+class CpdaePretrainCriterionConfig(VocabLossConfig):
+    mlm_weight: float = field(default=1.0, metadata={"help": "weight of the MLM mean loss (paper Eq. 6: 1)"})
+    bow_weight: float = field(
+        default=1.0, metadata={"help": "weight of the bag-of-words reconstruction loss L_REC (paper Eq. 6: 1)"}
+    )
+    contrastive_weight: float = field(
+        default=0.1, metadata={"help": "λ, weight of the contrastive loss L_CL (paper: 0.1); must be >= 0"}
+    )
+    contrast: CONTRAST_CHOICES = field(
+        default="words",
+        metadata={
+            "help": "what the contrastive loss compares: 'words' = the decoder's word distributions "
+            "with -JS divergence (CPDAE, the paper's method), 'cls' = the encoder's [CLS] vectors "
+            "with the dot product (the paper's variant CPDAE')"
+        },
+    )
+    bow_reduction: REDUCTION_CHOICES = field(
+        default="sum",
+        metadata={
+            "help": "how L_REC reduces the per-word binary cross-entropies of a view: 'sum' over the "
+            "vocabulary (paper Eq. 4) or 'mean' (divides it by the number of words, ~|V|, which makes "
+            "it tiny next to MLM)"
+        },
+    )
+    contrast_temperature: float = field(
+        default=1.0,
+        metadata={"help": "divides the contrastive logits (the paper has none: 1); must be > 0"},
+    )
+    batch_size: Optional[int] = II("dataset.batch_size")
+    distributed_world_size: int = II("distributed_training.distributed_world_size")
+
+
+def word_columns(dictionary) -> torch.Tensor:
+    """Ids of the vocabulary entries that are words: every symbol but the specials
+    (<s>=[CLS], <pad>, </s>, <unk>) and <mask>, which never belong to a text's bag."""
+    mask_idx = dictionary.index("<mask>")
+    return torch.tensor([i for i in range(dictionary.nspecial, len(dictionary)) if i != mask_idx], dtype=torch.long)
+
+
+def word_distributions(bow_logits: torch.Tensor) -> torch.Tensor:
+    """The decoder's sigmoids normalised to sum 1 per row (fp32)."""
+    probs = torch.sigmoid(bow_logits.float())
+    return probs / probs.sum(-1, keepdim=True).clamp(min=torch.finfo(probs.dtype).tiny)
+
+
+def js_similarity(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return -pairwise_js(a, c)
+
+
+@register_criterion("cpdae_pretrain", dataclass=CpdaePretrainCriterionConfig)
+class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
+    bottleneck_terms = ("bow", "cl")
+
+    def __init__(
+        self,
+        task,
+        mlm_weight=1.0,
+        bow_weight=1.0,
+        contrastive_weight=0.1,
+        contrast="words",
+        bow_reduction="sum",
+        contrast_temperature=1.0,
+        batch_size=None,
+        distributed_world_size=1,
+        vocab_loss="chunked",
+        vocab_loss_chunk_size=0,
+    ):
+        for option, value in (
+            ("--mlm-weight", mlm_weight),
+            ("--bow-weight", bow_weight),
+            ("--contrastive-weight", contrastive_weight),
+        ):
+            if not value >= 0:
+                raise ValueError(f"{option} must be >= 0, got {value}")
+        if not contrast_temperature > 0:
+            raise ValueError(f"--contrast-temperature must be > 0, got {contrast_temperature}")
+        if contrastive_weight > 0 and batch_size == 1 and (distributed_world_size or 1) <= 1:
+            raise ValueError(
+                "--batch-size 1 on a single worker gives the contrastive loss no negatives (the other view "
+                "of the same text is its only candidate, so L_CL would be 0 throughout): use --batch-size >= 2, "
+                "more workers, or --contrastive-weight 0"
+            )
+        super().__init__(task, {"mlm": mlm_weight, "bow": bow_weight, "cl": contrastive_weight})
+        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
+        self.contrast = str(contrast)
+        self.bow_reduction = str(bow_reduction)
+        self.temperature = float(contrast_temperature)
+        self.register_buffer("word_ids", word_columns(task.source_dictionary), persistent=False)
+
+    def bow_targets(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, words) multi-hot over the word columns (fp32)."""
+        bag = torch.zeros(tokens.size(0), len(self.task.source_dictionary), device=tokens.device)
+        bag.scatter_(1, tokens, 1.0)
+        return bag.index_select(1, self.word_ids)
+
+    def compute_terms(self, model, sample) -> Dict[str, Term]:
+        pad = self.padding_idx
+        targets = torch.cat([sample["target"], sample["target_2"]])
+        masked = targets.ne(pad)
+        mlm_out, extra = model(**sample["net_input"], masked_tokens=masked, head_inputs=self.head_inputs)
+        terms = {"mlm": self.lm_head_term(model, mlm_out, targets[masked])}
+
+        logits = extra["bow_logits"].float().index_select(1, self.word_ids)  # (2B, words)
+        bag = self.bow_targets(sample["bow_tokens"]).repeat(2, 1)  # the same text behind both views
+        bce = F.binary_cross_entropy_with_logits(logits, bag, reduction="none")
+        per_view = bce.sum(-1) if self.bow_reduction == "sum" else bce.mean(-1)
+        terms["bow"] = Term(per_view.sum())
+
+        if self.contrast == "words":
+            views, similarity = word_distributions(logits), js_similarity
+        else:
+            views, similarity = extra["cls"].float(), dense_similarity
+        group = data_parallel_group() if model.training else None
+        loss, correct = info_nce_sum(
+            views, similarity, self.temperature, group=group, contribute=not sample.get(DUMMY_BATCH, False)
+        )
+        terms["cl"] = Term(loss, correct)
+        return terms

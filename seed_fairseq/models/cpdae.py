@@ -1,0 +1,89 @@
+"""CPDAE: a RoBERTa encoder pre-trained with MLM plus a bag-of-words MLP decoder on its
+[CLS] vector, whose word distributions are contrasted across two masked views of each
+text (Xu et al., "Contrastive Pre-training of a Discriminative Autoencoder for Dense
+Retrieval", CIKM 2022).
+
+The encoder is fairseq's own ``RobertaEncoder`` (``encoder.*`` keys are RoBERTa's);
+the MLP decoder lives under ``bow_decoder.*``, declared pre-training-only, so
+``seed-drop-heads`` and the HuggingFace export leave it out.
+"""
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
+from fairseq.utils import safe_getattr
+
+from ..modules.bow_decoder import BowMLPDecoder
+from .bottleneck import BottleneckEncoderModel
+
+
+@register_model("cpdae")
+class CpdaeModel(BottleneckEncoderModel):
+    """RoBERTa encoder + MLM head, plus the bag-of-words MLP decoder used only in pre-training."""
+
+    pretraining_only_prefixes = ("bow_decoder.",)
+
+    def __init__(self, args, encoder):
+        super().__init__(args, encoder)  # applies BERT init to the encoder
+        self.bow_decoder = BowMLPDecoder(args.encoder_embed_dim, len(encoder.dictionary))
+
+    def forward(
+        self,
+        src_tokens,
+        src_tokens_2=None,
+        features_only=False,
+        return_all_hiddens=False,
+        classification_head_name=None,
+        masked_tokens=None,
+        head_inputs=False,
+        **kwargs,
+    ):
+        """Without ``src_tokens_2`` this is exactly RoBERTa's forward.
+
+        With it (pre-training) both views go through the encoder as ONE batch
+        ``[view 1; view 2]`` (one forward, so DDP sees one forward per backward)
+        and it returns ``(mlm_logits, extra)`` with ``extra["cls"]`` the
+        ``(2B, dim)`` [CLS] vectors and ``extra["bow_logits"]`` the decoder's
+        ``(2B, |V|)`` logits; ``masked_tokens`` is over the ``(2B, T)`` batch.
+        ``head_inputs=True``: the MLM head's inputs (``mlm_hidden``) instead of its logits.
+        """
+        if src_tokens_2 is None:
+            return super().forward(
+                src_tokens,
+                features_only,
+                return_all_hiddens,
+                classification_head_name,
+                masked_tokens=masked_tokens,
+                **kwargs,
+            )
+        if src_tokens_2.shape != src_tokens.shape:
+            raise ValueError(
+                f"the two views must have the same shape, got {tuple(src_tokens.shape)} and {tuple(src_tokens_2.shape)}"
+            )
+        features, extra = self.encode(torch.cat([src_tokens, src_tokens_2]), return_all_hiddens=return_all_hiddens)
+        extra["cls"] = self.cls_vector(features)
+        extra["bow_logits"] = self.bow_decoder(extra["cls"])
+        if features_only:
+            return features, extra
+        return self.lm_head(features, masked_tokens, head_inputs), extra
+
+
+@register_model_architecture("cpdae", "cpdae")
+def base_architecture(args):
+    """BERT-base encoder (12 x 768, FFN 3072, 12 heads): the paper initialises from BERT-base."""
+    roberta_base_architecture(args)
+
+
+@register_model_architecture("cpdae", "cpdae_base")
+def cpdae_base(args):
+    base_architecture(args)
+
+
+@register_model_architecture("cpdae", "cpdae_tiny")
+def cpdae_tiny(args):
+    """A small model for tests and CPU demos (encoder 2 x 128, FFN 256, 4 heads)."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    base_architecture(args)

@@ -1,0 +1,183 @@
+"""SimLM (Wang et al., 2022): a deep encoder and a shallow bidirectional decoder
+joined only through the encoder's [CLS] vector, both trained with replaced
+language modelling.
+
+    encoder: replaced x_enc            -> h (B x T x C);  h_cls = h[:, 0]
+    decoder: embed(replaced x_dec), slot 0 := h_cls -> 2 bidirectional layers
+    both:    the SHARED MLM head predicts the original token at every
+             non-special position
+
+The decoder's layers are copies of the encoder's last layers (fairseq's own
+``TransformerEncoderLayer``: post-LN, like BERT), made when the model is built
+and, when training starts from an encoder-only checkpoint (the paper starts
+from BERT-base), from that checkpoint's last layers.  Its input embedding is
+the encoder's embedding module (token + position + LayerNorm + dropout), as in
+the reference code.  The decoder lives under ``simlm_decoder.*``, declared
+pre-training-only, so ``seed-drop-heads`` and the HuggingFace export keep the
+encoder alone.  The generator is not part of the model (see ``generator.py``).
+"""
+
+import copy
+import logging
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.roberta import RobertaModel
+from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
+from fairseq.utils import safe_getattr
+
+from .bottleneck import BottleneckEncoderModel
+
+logger = logging.getLogger(__name__)
+
+ENCODER_LAYERS = "encoder.sentence_encoder.layers."
+
+
+@register_model("simlm")
+class SimLMModel(BottleneckEncoderModel):
+    """RoBERTa encoder + MLM head, plus a shallow decoder used only in pre-training."""
+
+    pretraining_only_prefixes = ("simlm_decoder.",)
+    pretraining_only_config_prefixes = ("decoder_",)
+
+    @staticmethod
+    def add_args(parser):
+        RobertaModel.add_args(parser)
+        parser.add_argument(
+            "--decoder-layers",
+            type=int,
+            metavar="L",
+            help="decoder layers, copies of the encoder's last L layers when training starts (paper: 2); "
+            "0 builds no decoder (replaced language modelling on the encoder alone)",
+        )
+
+    @classmethod
+    def build_model(cls, args, task):
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, False)
+        base_architecture(args)
+        if not 0 <= args.decoder_layers <= args.encoder_layers:
+            raise ValueError(
+                f"--decoder-layers must be between 0 and --encoder-layers ({args.encoder_layers}): the decoder "
+                f"copies the encoder's last layers; got {args.decoder_layers}"
+            )
+        if args.encoder_layers_to_keep:
+            raise ValueError("simlm does not support --encoder-layers-to-keep")
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, True)
+        return super().build_model(args, task)
+
+    def __init__(self, args, encoder):
+        super().__init__(args, encoder)  # applies BERT init to the encoder
+        layers = encoder.sentence_encoder.layers
+        n = args.decoder_layers
+        self.simlm_decoder = copy.deepcopy(layers[len(layers) - n :]) if n > 0 else None
+
+    def decode(self, cls: torch.Tensor, dec_tokens: torch.Tensor) -> torch.Tensor:
+        """Decoder features ``(batch, time, dim)`` from the encoder's [CLS] vector ``(batch, dim)``
+        and the decoder's input tokens (slot 0, the [CLS] token, is replaced by the vector)."""
+        embed = self.encoder.sentence_encoder
+        padding = dec_tokens.eq(embed.padding_idx)
+        has_pads = bool(padding.any())
+        x, _ = embed.forward_embedding(dec_tokens)
+        x = torch.cat([cls.unsqueeze(1).to(x.dtype), x[:, 1:]], dim=1)
+        if has_pads:
+            x = x * (1 - padding.unsqueeze(-1).type_as(x))
+        x = x.transpose(0, 1)
+        for layer in self.simlm_decoder:
+            x = layer(x, encoder_padding_mask=padding if has_pads else None)
+            if isinstance(x, tuple):  # layers built with return_fc
+                x = x[0]
+        return x.transpose(0, 1)
+
+    def forward(
+        self,
+        src_tokens,
+        dec_tokens=None,
+        features_only=False,
+        return_all_hiddens=False,
+        classification_head_name=None,
+        masked_tokens=None,
+        head_inputs=False,
+        **kwargs,
+    ):
+        """Without ``dec_tokens`` this is exactly RoBERTa's forward.
+
+        With them (pre-training) it returns ``(encoder logits, extra)`` where
+        ``extra["decoder_out"]`` holds the decoder's logits; both are computed at
+        ``masked_tokens`` only (all positions when None).  ``head_inputs=True``: the
+        MLM head's inputs (``mlm_hidden``) instead of its logits, for a fused loss.
+        """
+        if dec_tokens is not None and self.simlm_decoder is None and head_inputs:
+            features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
+            extra["decoder_out"] = None
+            return self.lm_head(features, masked_tokens, head_inputs), extra
+        if dec_tokens is None or self.simlm_decoder is None:
+            x, extra = super().forward(
+                src_tokens,
+                features_only,
+                return_all_hiddens,
+                classification_head_name,
+                masked_tokens=masked_tokens,
+                **kwargs,
+            )
+            if dec_tokens is not None:
+                extra["decoder_out"] = None
+            return x, extra
+        if dec_tokens.shape != src_tokens.shape:
+            raise ValueError(f"decoder input {tuple(dec_tokens.shape)} != encoder input {tuple(src_tokens.shape)}")
+        features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
+        dec_features = self.decode(self.cls_vector(features), dec_tokens)
+        if features_only:
+            extra["decoder_out"] = dec_features
+            return features, extra
+        extra["decoder_out"] = self.lm_head(dec_features, masked_tokens, head_inputs)
+        return self.lm_head(features, masked_tokens, head_inputs), extra
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        prefix = name + "." if name != "" else ""
+        head = prefix + "simlm_decoder."
+        if self.simlm_decoder is not None and not any(k.startswith(head) for k in state_dict):
+            # An encoder-only checkpoint (seed-drop-heads, an imported BERT/RoBERTa)
+            # initialising SimLM: the decoder starts as ITS last layers, as the
+            # paper's starts as BERT-base's.
+            n_enc = len(self.encoder.sentence_encoder.layers)
+            n_dec = len(self.simlm_decoder)
+            copied = 0
+            for i in range(n_dec):
+                source = f"{prefix}{ENCODER_LAYERS}{n_enc - n_dec + i}."
+                for key in [k for k in state_dict if k.startswith(source)]:
+                    state_dict[f"{head}{i}.{key[len(source) :]}"] = state_dict[key].clone()
+                    copied += 1
+            if copied:
+                logger.info(f"simlm_decoder initialised from the checkpoint's last {n_dec} encoder layers")
+        super().upgrade_state_dict_named(state_dict, name)
+
+
+# ---------------------------------------------------------------------------
+# Architectures
+# ---------------------------------------------------------------------------
+
+
+@register_model_architecture("simlm", "simlm")
+def base_architecture(args):
+    """BERT-base encoder (12 x 768, 12 heads, 3072 FFN) + a 2-layer decoder."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 2)
+    roberta_base_architecture(args)
+
+
+@register_model_architecture("simlm", "simlm_base")
+def simlm_base(args):
+    base_architecture(args)
+
+
+@register_model_architecture("simlm", "simlm_tiny")
+def simlm_tiny(args):
+    """A small model for tests and CPU demos (2 x 128 encoder, 4 heads; the decoder copies both layers)."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    base_architecture(args)

@@ -1,0 +1,70 @@
+"""``cpdae_pretrain``: CPDAE's data (Xu et al., CIKM 2022, Sec. 3.1.1).
+
+On top of the shared pipeline (``bottleneck_pretrain.py``: blocks, [CLS], the
+encoder's MLM view) each text gets a SECOND, independently masked view
+(``mask_view`` with another seed; the paper: "randomly mask its several tokens
+twice") and its unmasked tokens, from which the criterion builds the multi-hot
+bag-of-words target:
+
+    s = [CLS] x1 .. xn  (unmasked)  ->  src_tokens,   target     (view 1, the base task's MLM view)
+                                        src_tokens_2, target_2   (view 2)
+                                        bow_tokens = s           (NOT a model input)
+
+Both masks are drawn from ``(seed, epoch, index)`` (view 2 from ``seed +
+VIEW_2_SEED_OFFSET``), so the views do not depend on the batch split and a
+resumed run sees the same ones.
+"""
+
+from dataclasses import dataclass
+from typing import Dict
+
+import torch
+from fairseq.data import RightPadDataset
+from fairseq.tasks import register_task
+
+from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
+
+# any constant works: fairseq hashes (seed, epoch, index) into the mask generator's seed
+VIEW_2_SEED_OFFSET = 7919
+
+# set on fairseq's dummy batch (a copy of an earlier batch, run with ignore_grad when
+# this worker has no data left): its views must not become the other workers' negatives
+DUMMY_BATCH = "dummy_batch"
+
+
+@dataclass
+class CpdaePretrainConfig(BottleneckPretrainConfig):
+    pass
+
+
+@register_task("cpdae_pretrain", dataclass=CpdaePretrainConfig)
+class CpdaePretrainTask(BottleneckPretrainTask):
+    """MLM on two masked views + bag-of-words reconstruction + contrast of the views (CPDAE)."""
+
+    cfg: CpdaePretrainConfig
+
+    def extra_inputs(self, split, blocks, src, target) -> Dict:
+        pad = self.source_dictionary.pad()
+        src_2, target_2 = self.mask_view(blocks, seed=self.cfg.seed + VIEW_2_SEED_OFFSET)
+        return {
+            "net_input": {"src_tokens_2": RightPadDataset(src_2, pad_idx=pad)},
+            "target_2": RightPadDataset(target_2, pad_idx=pad),
+            "bow_tokens": RightPadDataset(blocks, pad_idx=pad),
+        }
+
+    def term_counts(self, sample) -> Dict[str, torch.Tensor]:
+        pad = self.source_dictionary.pad()
+        views = torch.tensor(2 * sample["bow_tokens"].size(0))
+        return {
+            # MLM over the masked tokens of BOTH views
+            "mlm": sample["target"].ne(pad).sum() + sample["target_2"].ne(pad).sum(),
+            # bag-of-words reconstruction and contrast: one unit per view
+            "bow": views,
+            "cl": views.clone(),
+        }
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if ignore_grad:
+            sample = dict(sample)
+            sample[DUMMY_BATCH] = True
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
