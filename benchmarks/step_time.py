@@ -8,7 +8,16 @@ Setups (``SETUPS`` below; an objective added to the plugin adds one entry):
 * ``masked_lm``: fairseq's own task/criterion ``masked_lm``, model ``roberta_base`` -- the reference;
 * ``mlm_only``: the plugin's MLM-only baseline (``seed_encoder_mlm_only``), same data pipeline as SEED;
 * ``seed``: SEED-Encoder (MLM + weak decoder), the default ``--vocab-loss chunked``;
-* ``seed_plain``: the same with ``--vocab-loss plain`` (full logits), the reference of the fused loss.
+* ``seed_plain``: the same with ``--vocab-loss plain`` (full logits), the reference of the fused loss;
+* ``full``: SEED's full-causal-attention decoder ablation (``--decoder-attention-window full``);
+* ``retromae`` / ``dupmae``: the 1-layer enhanced decoder (+ DupMAE's bag of words);
+* ``simlm``: replaced LM with a frozen generator (ELECTRA-base's generator shape at base size:
+  12 x 256, FFN 1024, 4 heads; 1 x 64 at tiny size; a 1-update ``seed_encoder_mlm_only``
+  checkpoint made here: its weights do not change the cost) and the 2-layer decoder;
+* ``cpdae``: two masked views per text through the encoder, the bag-of-words MLP and the contrast.
+
+Every setup runs at its paper's masking (``masked_lm``/SEED/CPDAE 15%, RetroMAE/DupMAE/SimLM 30%;
+SimLM and the enhanced decoder predict every position, which their FLOPs show).
 
 All with the same encoder shape (tiny: 2 layers x 128, FFN 256, 4 heads, 128 tokens; base:
 12 x 768, FFN 3072, 12 heads, 512 tokens), the same optimizer (adam, fixed lr), default
@@ -16,7 +25,7 @@ dropout and the same batch: the demo corpus goes once through ``preprocess.build
 the dictionary is widened to ``--dict-size`` entries (default 32768: the decoder projects every
 position onto the vocabulary, so its size matters), each setup builds its task through
 fairseq's parser, loads ``train`` and collates the ``--batch-size`` longest blocks; the
-encoder input and MLM target are identical in every setup (checked with a hash).
+unmasked blocks are identical in every setup (checked with a hash of the original tokens).
 
 Each setup runs in a fresh interpreter (this script with ``--worker``), one at a time (at
 base shape each needs several GB), ``torch.set_num_threads(--threads)``. A worker builds the
@@ -57,7 +66,14 @@ SETUPS = {
     "mlm_only": ("seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
     "seed": ("seed_pretrain", "seed_pretrain", "seed_encoder", []),
     "seed_plain": ("seed_pretrain", "seed_pretrain", "seed_encoder", ["--vocab-loss", "plain"]),
+    "full": ("seed_pretrain", "seed_pretrain", "seed_encoder", ["--decoder-attention-window", "full"]),
+    "retromae": ("retromae_pretrain", "retromae_pretrain", "retromae_base", []),
+    "dupmae": ("dupmae_pretrain", "dupmae_pretrain", "dupmae_base", []),
+    "simlm": ("simlm_pretrain", "simlm_pretrain", "simlm_base", ["--generator-path", "{generator}"]),
+    "cpdae": ("cpdae_pretrain", "cpdae_pretrain", "cpdae_base", []),
 }
+# SimLM's generator per shape: layers, embed dim, FFN dim, heads
+GENERATOR_SHAPES = {"tiny": (1, 64, 128, 2), "base": (12, 256, 1024, 4)}
 REFERENCE = "masked_lm"
 N_SPECIALS = 5  # <s> <pad> </s> <unk> from fairseq's Dictionary + <mask> added by the task
 RESULT_TAG = "STEP_TIME_RESULT "
@@ -78,6 +94,7 @@ def build_data(corpus, out, spm_vocab, dict_size):
 
 def fairseq_argv(setup, args):
     task, criterion, arch, extra = SETUPS[setup]
+    extra = [a.format(generator=getattr(args, "generator", "")) for a in extra]
     layers, dim, ffn, heads, _ = SHAPES[args.arch_size]
     return [
         args.data,
@@ -191,7 +208,10 @@ def worker(setup, args):
         sample[UPDATE_COUNTS] = task.term_counts(sample)
     src, target = sample["net_input"]["src_tokens"], sample["target"]
     pad = task.source_dictionary.pad()
-    digest = hashlib.sha1(src.numpy().tobytes() + target.numpy().tobytes()).hexdigest()[:12]
+    # the unmasked blocks: the MLM target holds the original token wherever the input was changed
+    # (SimLM's target holds every original token)
+    original = target.where(target.ne(pad), src)
+    digest = hashlib.sha1(original.numpy().tobytes()).hexdigest()[:12]
 
     rss_before_model = current_rss_kb()
     model = task.build_model(cfg.model)
@@ -216,7 +236,7 @@ def worker(setup, args):
         "vocab": len(task.source_dictionary),
         "batch_shape": list(src.shape),
         "real_tokens": int(src.ne(pad).sum()),
-        "masked_tokens": int(target.ne(pad).sum()),
+        "predicted_tokens": int(target.ne(pad).sum()),  # the encoder's MLM/replaced-LM positions
         "digest": digest,
         "flops": flops,
         "times": times,
@@ -232,6 +252,8 @@ def run_worker(setup, args, data, log_dir):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", setup, "--data", str(data)]
     for name in ("arch_size", "batch_size", "tokens_per_sample", "threads", "steps", "warmup"):
         cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    if getattr(args, "generator", None):
+        cmd += ["--generator", args.generator]
     env = dict(
         os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads)
     )
@@ -245,12 +267,62 @@ def run_worker(setup, args, data, log_dir):
     raise RuntimeError(f"{setup} worker failed ({proc.returncode}):\n{log.read_text()[-6000:]}")
 
 
+def train_generator(data, out, arch_size, threads):
+    """SimLM's frozen generator: a 1-update masked LM in the generator's shape (its cost, not its quality)."""
+    layers, dim, ffn, heads = GENERATOR_SHAPES[arch_size]
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "fairseq-train"),
+        str(data),
+        "--user-dir",
+        str(USER_DIR),
+        "--cpu",
+        "--task",
+        "seed_pretrain",
+        "--criterion",
+        "seed_pretrain",
+        "--arch",
+        "seed_encoder_mlm_only",
+        "--encoder-layers",
+        str(layers),
+        "--encoder-embed-dim",
+        str(dim),
+        "--encoder-ffn-embed-dim",
+        str(ffn),
+        "--encoder-attention-heads",
+        str(heads),
+        "--tokens-per-sample",
+        "128",
+        "--batch-size",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-4",
+        "--max-update",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        "--save-dir",
+        str(out),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"SimLM generator training failed:\n{proc.stdout[-4000:]}")
+    return Path(out) / "checkpoint_last.pt"
+
+
 def run(args, setups):
     with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
         t = time.perf_counter()
         data = build_data(Path(args.corpus), Path(tmp) / "data-bin", args.spm_vocab, args.dict_size)
         args.data = str(data)
         print(f"binarized {Path(args.corpus).name} in {time.perf_counter() - t:.1f}s", flush=True)
+        if "simlm" in setups:
+            args.generator = str(train_generator(data, Path(tmp) / "generator", args.arch_size, args.threads))
         results = {}
         for r in range(args.rounds):
             for setup in setups if r % 2 == 0 else setups[::-1]:
@@ -265,7 +337,7 @@ def run(args, setups):
                     results[setup] = res
     digests = {r["digest"] for r in results.values()}
     if len(digests) != 1:
-        raise SystemExit(f"the setups got different batches: {digests}")
+        raise SystemExit(f"the setups got different blocks: {digests}")
     return results
 
 
@@ -295,24 +367,26 @@ def print_table(summary, results, args):
     b, t = any_r["batch_shape"]
     print(
         f"\nencoder {layers} x {dim}, FFN {ffn}, {heads} heads; vocabulary {any_r['vocab']}; batch {b} x {t} "
-        f"({any_r['real_tokens']} tokens, {any_r['masked_tokens']} masked; same in every setup, "
-        f"sha1 {any_r['digest']}); adam; {any_r['threads']} threads; {args.warmup} warm-up + {args.steps} timed "
+        f"({any_r['real_tokens']} tokens; the same blocks in every setup, sha1 {any_r['digest']}); adam; "
+        f"{any_r['threads']} threads; {args.warmup} warm-up + {args.steps} timed "
         f"steps x {args.rounds} round(s)"
     )
     header = (
-        f"{'setup':<12}{'params':>13}{'s/step':>9}{'CPU s':>9}{'peak MiB':>10}{'GFLOP':>9}"
+        f"{'setup':<12}{'params':>13}{'pred':>6}{'s/step':>9}{'CPU s':>9}{'peak MiB':>10}{'GFLOP':>9}"
         f"{'time x':>8}{'CPU x':>8}{'mem x':>8}{'FLOP x':>8}"
     )
     print(header)
     print("-" * len(header))
     for setup, row in summary.items():
         print(
-            f"{setup:<12}{row['params']:>13,}{row['step_s']:>9.3f}{row['cpu_s']:>9.3f}{row['peak_mem_mib']:>10.0f}"
+            f"{setup:<12}{row['params']:>13,}{results[setup]['predicted_tokens']:>6}"
+            f"{row['step_s']:>9.3f}{row['cpu_s']:>9.3f}{row['peak_mem_mib']:>10.0f}"
             f"{row['gflop'] or float('nan'):>9.1f}{row['time_ratio']:>8.2f}{row['cpu_ratio']:>8.2f}"
             f"{row['mem_ratio']:>8.2f}{row['flop_ratio'] or float('nan'):>8.2f}"
         )
     print(
-        "x = ratio to masked_lm; GFLOP = the model's forward + backward (torch FlopCounterMode: matmuls and "
+        "pred = positions the encoder's own loss predicts; x = ratio to masked_lm;\n"
+        "GFLOP = the model's forward + backward (torch FlopCounterMode: matmuls and "
         "attention), the same for every --vocab-loss"
     )
 
@@ -333,6 +407,7 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write the results here")
     p.add_argument("--worker", choices=sorted(SETUPS), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--generator", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tokens_per_sample is None:
         args.tokens_per_sample = SHAPES[args.arch_size][4]

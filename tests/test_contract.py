@@ -463,6 +463,17 @@ def test_drop_heads_gives_a_stock_roberta(straight_run, contract_data, tmp_path)
     torch.testing.assert_close(torch.load(tmp_path / "stock.pt"), ours, rtol=0, atol=1e-6)
 
 
+CARD_TITLES = {
+    "seed": "# SEED-Encoder (exported",
+    "seed_full": "# SEED-Encoder (full-attention decoder ablation)",
+    "mlm_only": "# MLM-only encoder",
+    "simlm": "# SimLM (exported",
+    "cpdae": "# CPDAE (exported",
+    "retromae": "# RetroMAE (exported",
+    "dupmae": "# DupMAE (exported",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("straight_run", OBJECTIVES, ids=IDS, indirect=True)
 def test_export_equals_fairseq(straight_run, contract_data, tmp_path):
@@ -491,6 +502,10 @@ def test_export_equals_fairseq(straight_run, contract_data, tmp_path):
         theirs = hf(input_ids=tokens, attention_mask=tokens.ne(1).long()).last_hidden_state
     keep = tokens.ne(1)
     torch.testing.assert_close(theirs[keep], ours[keep], rtol=0, atol=1e-5)
+    # the model card names the objective that made the encoder
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert f"| {obj.task} / {obj.criterion} |" in card
+    assert CARD_TITLES[obj.name] in card
 
 
 # ---------------------------------------------------------------------------
