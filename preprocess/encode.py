@@ -15,8 +15,10 @@ concatenated are the line's pieces (see ``cut_pieces``).
 
 import itertools
 
-from .parallel import ordered_imap
+from .parallel import line_ranges, ordered_imap, read_range, split_lines
 from .vocab import load_spm
+
+CHUNK_BYTES = 1 << 20
 
 WORD_START = "\u2581"  # sentencepiece's "▁": the piece starts a new word
 # Byte-fallback pieces <0x80>..<0xBF> continue a multi-byte UTF-8 character.
@@ -74,19 +76,62 @@ def encode_lines(lines):
     """(encoded lines, input lines, lines cut) for a chunk of lines; '' stays ''.
 
     Runs in a worker (uses the worker's model and max_pieces); a line cut into
-    k chunks gives k output lines.
+    k chunks gives k output lines. One batch call into sentencepiece per chunk
+    (the same pieces as line by line, without a Python call per line).
     """
+    texts = [line for line in lines if line]
+    encoded = iter(_SP.encode(texts, out_type=str, num_threads=1)) if texts else iter(())
     out = []
     cut = 0
     for line in lines:
         if not line:
             out.append("")
             continue
-        chunks = cut_pieces(_SP.encode(line, out_type=str), _MAX_PIECES)
-        if len(chunks) > 1:
-            cut += 1
+        pieces = next(encoded)
+        if _MAX_PIECES <= 0 or len(pieces) <= _MAX_PIECES:
+            out.append(" ".join(pieces))
+            continue
+        chunks = cut_pieces(pieces, _MAX_PIECES)
+        cut += len(chunks) > 1
         out.extend(" ".join(chunk) for chunk in chunks)
     return out, len(lines), cut
+
+
+def _encode_range(task):
+    """Worker: one byte range of the input -> (its encoded text, input lines, output lines, lines cut)."""
+    path, start, end = task
+    out, n_in, cut = encode_lines(split_lines(read_range(path, start, end).decode("utf-8")))
+    text = "\n".join(out) + "\n" if out else ""
+    return text, n_in, len(out), cut
+
+
+def encode_file(src, dst, model_path, workers, chunk_bytes=CHUNK_BYTES, progress=None, max_pieces=0):
+    """Encode ``src`` into ``dst`` (the caller renames it into place).
+
+    Lines are split on "\\n" only. Workers each read their own byte range of
+    ``src`` (a bounded number in flight) and the main process writes their text
+    in order, so ``dst`` does not depend on ``workers``.
+
+    Returns {"input_lines", "lines" (written), "lines_cut", "chunks_added"};
+    ``lines == input_lines + chunks_added``.
+    """
+    n_in = n_out = n_cut = 0
+    tasks = ((str(src), start, end) for start, end in line_ranges(src, chunk_bytes))
+    with open(dst, "w", encoding="utf-8", newline="\n") as out:
+        for text, n_lines, n_written, cut in ordered_imap(
+            _encode_range,
+            tasks,
+            workers,
+            initializer=_init_worker,
+            initargs=(str(model_path), max_pieces),
+        ):
+            out.write(text)
+            n_in += n_lines
+            n_out += n_written
+            n_cut += cut
+            if progress is not None:
+                progress.update(n_lines)
+    return {"input_lines": n_in, "lines": n_out, "lines_cut": n_cut, "chunks_added": n_out - n_in}
 
 
 def _chunks(path, chunk_lines):
@@ -96,30 +141,6 @@ def _chunks(path, chunk_lines):
             if not chunk:
                 return
             yield chunk
-
-
-def encode_file(src, dst, model_path, workers, chunk_lines=2000, progress=None, max_pieces=0):
-    """Encode ``src`` into ``dst`` (the caller renames it into place).
-
-    Returns {"input_lines", "lines" (written), "lines_cut", "chunks_added"};
-    ``lines == input_lines + chunks_added``.
-    """
-    n_in = n_out = n_cut = 0
-    with open(dst, "w", encoding="utf-8", newline="\n") as out:
-        for encoded, n_lines, cut in ordered_imap(
-            encode_lines,
-            _chunks(src, chunk_lines),
-            workers,
-            initializer=_init_worker,
-            initargs=(str(model_path), max_pieces),
-        ):
-            out.writelines(line + "\n" for line in encoded)
-            n_in += n_lines
-            n_out += len(encoded)
-            n_cut += cut
-            if progress is not None:
-                progress.update(n_lines)
-    return {"input_lines": n_in, "lines": n_out, "lines_cut": n_cut, "chunks_added": n_out - n_in}
 
 
 def encode_file_hf(src, dst, tokenizer_dir, progress=None, max_pieces=0, chunk_lines=2000):

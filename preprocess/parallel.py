@@ -48,3 +48,37 @@ def ordered_imap(func, iterable, workers, initializer=None, initargs=(), infligh
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+
+
+def line_ranges(path, chunk_bytes):
+    """(start, end) byte ranges covering ``path``, each ending after a b"\\n" (or at EOF).
+
+    Workers read their range themselves (``read_range``), so only results cross
+    process boundaries; every line lies in exactly one range, in order.
+    """
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        start = 0
+        while start < size:
+            f.seek(min(size, start + chunk_bytes))
+            f.readline()  # to the end of the line the cut fell into
+            end = min(size, f.tell())
+            if end <= start:  # pragma: no cover - readline always advances before EOF
+                end = size
+            yield start, end
+            start = end
+
+
+def read_range(path, start, end):
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
+def split_lines(text):
+    """The lines of ``text`` split on "\\n" only (a last line without "\\n" counts)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines

@@ -3,6 +3,14 @@
 Streaming: ``xml.etree.ElementTree.iterparse`` over a ``bz2`` stream (multi-stream
 dumps included), each <page> element freed once read. Cleaning uses
 mwparserfromhell; only the post-cleanup tidying is hand-written.
+
+Speed (the same output, tested against the straightforward use of
+mwparserfromhell): the tree is built by :class:`_SkippingBuilder`, which does
+not build what the cleaning would remove first anyway (top-level templates,
+tags in ``_DROP_TAGS`` at top level) and removals are pops by index
+(:func:`_prune`) instead of ``Wikicode.remove``, which searches the tree for
+every node it removes. Together 5-6x faster; what is left is mostly
+mwparserfromhell's C tokenizer.
 """
 
 import bz2
@@ -10,7 +18,10 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import mwparserfromhell
+from mwparserfromhell.nodes import Heading, Tag, Template, Wikilink
+from mwparserfromhell.parser import Parser
+from mwparserfromhell.parser import tokens as _tokens
+from mwparserfromhell.parser.builder import Builder
 
 from .errors import PreprocessError
 from .text import check_nonempty_file
@@ -164,30 +175,123 @@ def _drop_node(code, node):
         pass
 
 
+def _prune(code, drop):
+    """Remove every node for which ``drop(node)`` is true, at any depth, from ``code``.
+
+    Visits parents before their children and never descends into a removed node:
+    the same nodes go as with ``for n in code.filter(recursive=True): if drop(n):
+    code.remove(n)`` (mwparserfromhell), but each removal is a pop by index where
+    ``Wikicode.remove`` searches the whole tree for the node again (that search
+    was two thirds of the cleaning time).
+    """
+    stack = [code]
+    while stack:
+        nodes = stack.pop().nodes
+        i = 0
+        while i < len(nodes):
+            node = nodes[i]
+            if drop(node):
+                nodes.pop(i)
+            else:
+                stack.extend(node.__children__())
+                i += 1
+
+
+def _is_template(node):
+    return isinstance(node, Template)
+
+
+def _is_dropped_tag(node):
+    return isinstance(node, Tag) and str(node.tag).strip().lower() in _DROP_TAGS
+
+
+def _is_dropped_link(node):
+    if not isinstance(node, Wikilink):
+        return False
+    title = str(node.title).strip().lower()
+    return title.startswith(_DROP_LINK_PREFIXES) or (
+        _INTERWIKI.match(title) is not None and not title.startswith(":") and " " not in title.split(":", 1)[0]
+    )
+
+
+def _drop_top_level(code, drop):
+    nodes = code.nodes
+    for i in range(len(nodes) - 1, -1, -1):
+        if drop(nodes[i]):
+            nodes.pop(i)
+
+
+_TAG_NAME_END = (_tokens.TagAttrStart, _tokens.TagCloseOpen, _tokens.TagCloseSelfclose)
+
+
+class _SkippingBuilder(Builder):
+    """mwparserfromhell's tree builder, minus the top-level templates and the
+    top-level tags in ``_DROP_TAGS``: their tokens are consumed without building
+    nodes (most of an article's tree: infoboxes, citations, tables).
+
+    ``clean_wikitext`` removes exactly these nodes first, before anything reads
+    them (its section step only looks at top-level headings), so the result is
+    the same as building and then removing them.
+    """
+
+    def build(self, tokenlist):
+        self._tokens = tokens = tokenlist
+        tokens.reverse()
+        self._push()
+        while tokens:
+            token = tokens.pop()
+            kind = type(token)
+            if kind is _tokens.TemplateOpen:
+                self._skip(_tokens.TemplateOpen, (_tokens.TemplateClose,))
+            elif kind is _tokens.TagOpenOpen and self._dropped_tag_follows():
+                self._skip(_tokens.TagOpenOpen, (_tokens.TagCloseSelfclose, _tokens.TagCloseClose))
+            else:
+                self._write(self._handle_token(token))
+        return self._pop()
+
+    def _dropped_tag_follows(self):
+        # a tag name is one Text token (anything else, e.g. a template in the
+        # name, is built as usual)
+        tokens = self._tokens
+        return (
+            len(tokens) >= 2
+            and type(tokens[-1]) is _tokens.Text
+            and type(tokens[-2]) in _TAG_NAME_END
+            and tokens[-1].text.strip().lower() in _DROP_TAGS
+        )
+
+    def _skip(self, opener, closers):
+        """Consume tokens up to the closer that balances the opener just read."""
+        tokens = self._tokens
+        depth = 1
+        while depth:
+            kind = type(tokens.pop())
+            if kind is opener:
+                depth += 1
+            elif kind in closers:
+                depth -= 1
+
+
+def _parse(text):
+    parser = Parser()
+    return _SkippingBuilder().build(parser._tokenizer.tokenize(text, 0, False))
+
+
 def clean_wikitext(text):
     """Article wikitext -> list of plain-text paragraphs (headings and non-prose dropped)."""
-    code = mwparserfromhell.parse(text)
+    code = _parse(text)
     # Drop whole trailing sections (References, External links ...).
     for section in code.get_sections(levels=[2], include_headings=True):
         headings = section.filter_headings(recursive=False)
         if headings and headings[0].title.strip_code().strip().lower() in _DROP_SECTIONS:
             _drop_node(code, section)
-    for node in code.filter_templates(recursive=False):
-        _drop_node(code, node)
-    for node in code.filter_tags(recursive=True):
-        if str(node.tag).strip().lower() in _DROP_TAGS:
-            _drop_node(code, node)
-    for node in code.filter_wikilinks(recursive=True):
-        title = str(node.title).strip().lower()
-        if title.startswith(_DROP_LINK_PREFIXES) or (
-            _INTERWIKI.match(title) and not title.startswith(":") and " " not in title.split(":", 1)[0]
-        ):
-            _drop_node(code, node)
-    for node in code.filter_headings(recursive=False):
-        _drop_node(code, node)
+    # In this order: a link's title is judged with the templates inside it still there.
+    _drop_top_level(code, _is_template)
+    _prune(code, _is_dropped_tag)
+    _prune(code, _is_dropped_link)
+    _drop_top_level(code, lambda node: isinstance(node, Heading))
     # Templates nested in what survived (e.g. inside link text) go too.
-    for node in code.filter_templates(recursive=True):
-        _drop_node(code, node)
+    _prune(code, _is_template)
     plain = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
     paragraphs = []
     for line in plain.split("\n"):

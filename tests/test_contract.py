@@ -12,7 +12,9 @@ for each (``tests/objectives.py`` lists them):
 3. a resumed run logs the same next losses as the uninterrupted one;
 4. ``seed-drop-heads`` gives a checkpoint that stock fairseq loads as ``roberta``
    (no plugin) with the same encoder features;
-5. the HuggingFace export computes the same features as fairseq.
+5. the HuggingFace export computes the same features as fairseq;
+6. the fused vocabulary loss (``--vocab-loss chunked``, the default) gives the
+   same terms, counts and gradients as the full logits (``--vocab-loss plain``).
 """
 
 import copy
@@ -461,6 +463,17 @@ def test_drop_heads_gives_a_stock_roberta(straight_run, contract_data, tmp_path)
     torch.testing.assert_close(torch.load(tmp_path / "stock.pt"), ours, rtol=0, atol=1e-6)
 
 
+CARD_TITLES = {
+    "seed": "# SEED-Encoder (exported",
+    "seed_full": "# SEED-Encoder (full-attention decoder ablation)",
+    "mlm_only": "# MLM-only encoder",
+    "simlm": "# SimLM (exported",
+    "cpdae": "# CPDAE (exported",
+    "retromae": "# RetroMAE (exported",
+    "dupmae": "# DupMAE (exported",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("straight_run", OBJECTIVES, ids=IDS, indirect=True)
 def test_export_equals_fairseq(straight_run, contract_data, tmp_path):
@@ -489,3 +502,42 @@ def test_export_equals_fairseq(straight_run, contract_data, tmp_path):
         theirs = hf(input_ids=tokens, attention_mask=tokens.ne(1).long()).last_hidden_state
     keep = tokens.ne(1)
     torch.testing.assert_close(theirs[keep], ours[keep], rtol=0, atol=1e-5)
+    # the model card names the objective that made the encoder
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert f"| {obj.task} / {obj.criterion} |" in card
+    assert CARD_TITLES[obj.name] in card
+
+
+# ---------------------------------------------------------------------------
+# 6. the fused vocabulary loss
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
+def test_fused_vocabulary_loss_equals_the_full_logits(obj, contract_data, request):
+    no_dropout = ("--dropout", "0", "--attention-dropout", "0")
+    f = needs(obj, request)
+    task, model, fused = build(obj, contract_data, *no_dropout, "--vocab-loss-chunk-size", "7", fixtures=f)
+    _, _, plain = build(obj, contract_data, *no_dropout, "--vocab-loss", "plain", fixtures=f)
+    assert fused.head_inputs and not plain.head_inputs
+    task.load_dataset("valid")
+    sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False))
+    model.train()
+    results = []
+    for criterion in (plain, fused):
+        torch.manual_seed(0)
+        model.zero_grad()
+        terms = criterion.compute_terms(model, sample)
+        sum(t.loss for t in terms.values()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append(({k: (t.loss.detach(), t.correct) for k, t in terms.items()}, grads))
+    (t_plain, g_plain), (t_fused, g_fused) = results
+    assert set(t_fused) == set(t_plain) == set(obj.terms)
+    for term, (loss, correct) in t_plain.items():
+        torch.testing.assert_close(t_fused[term][0], loss, rtol=1e-5, atol=1e-5, msg=term)
+        assert (correct is None) == (t_fused[term][1] is None), term
+        if correct is not None:
+            assert int(t_fused[term][1]) == int(correct), term
+    assert g_fused.keys() == g_plain.keys()
+    for name in g_plain:
+        torch.testing.assert_close(g_fused[name], g_plain[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -32,21 +32,21 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 
 from ..modules.contrastive import data_parallel_group, dense_similarity, info_nce_sum
 from ..modules.js_divergence import pairwise_js
 from ..tasks.cpdae_pretrain import DUMMY_BATCH
 from .multi_term import MultiTermCriterion, Term
-from .seed_pretrain import token_nll
+from .vocab_loss import VocabLossConfig, VocabLossMixin
 
 CONTRAST_CHOICES = ChoiceEnum(["words", "cls"])
 REDUCTION_CHOICES = ChoiceEnum(["sum", "mean"])
 
 
 @dataclass
-class CpdaePretrainCriterionConfig(FairseqDataclass):
+class CpdaePretrainCriterionConfig(VocabLossConfig):
     mlm_weight: float = field(default=1.0, metadata={"help": "weight of the MLM mean loss (paper Eq. 6: 1)"})
     bow_weight: float = field(
         default=1.0, metadata={"help": "weight of the bag-of-words reconstruction loss L_REC (paper Eq. 6: 1)"}
@@ -96,7 +96,7 @@ def js_similarity(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 @register_criterion("cpdae_pretrain", dataclass=CpdaePretrainCriterionConfig)
-class CpdaePretrainCriterion(MultiTermCriterion):
+class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("bow", "cl")
 
     def __init__(
@@ -110,6 +110,8 @@ class CpdaePretrainCriterion(MultiTermCriterion):
         contrast_temperature=1.0,
         batch_size=None,
         distributed_world_size=1,
+        vocab_loss="chunked",
+        vocab_loss_chunk_size=0,
     ):
         for option, value in (
             ("--mlm-weight", mlm_weight),
@@ -127,6 +129,7 @@ class CpdaePretrainCriterion(MultiTermCriterion):
                 "more workers, or --contrastive-weight 0"
             )
         super().__init__(task, {"mlm": mlm_weight, "bow": bow_weight, "cl": contrastive_weight})
+        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
         self.contrast = str(contrast)
         self.bow_reduction = str(bow_reduction)
         self.temperature = float(contrast_temperature)
@@ -142,8 +145,8 @@ class CpdaePretrainCriterion(MultiTermCriterion):
         pad = self.padding_idx
         targets = torch.cat([sample["target"], sample["target_2"]])
         masked = targets.ne(pad)
-        mlm_logits, extra = model(**sample["net_input"], masked_tokens=masked)
-        terms = {"mlm": token_nll(mlm_logits, targets[masked], pad)}
+        mlm_out, extra = model(**sample["net_input"], masked_tokens=masked, head_inputs=self.head_inputs)
+        terms = {"mlm": self.lm_head_term(model, mlm_out, targets[masked])}
 
         logits = extra["bow_logits"].float().index_select(1, self.word_ids)  # (2B, words)
         bag = self.bow_targets(sample["bow_tokens"]).repeat(2, 1)  # the same text behind both views

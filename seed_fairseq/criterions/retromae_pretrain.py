@@ -25,14 +25,13 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import FairseqDataclass
 
 from .multi_term import MultiTermCriterion, Term
-from .seed_pretrain import token_nll
+from .vocab_loss import VocabLossConfig, VocabLossMixin
 
 
 @dataclass
-class RetroMAECriterionConfig(FairseqDataclass):
+class RetroMAECriterionConfig(VocabLossConfig):
     mlm_weight: float = field(default=1.0, metadata={"help": "weight of the encoder's MLM mean loss (Eq. 9: 1)"})
     decoder_weight: float = field(
         default=1.0, metadata={"help": "weight of the enhanced decoder's reconstruction mean loss (Eq. 9: 1)"}
@@ -70,15 +69,25 @@ def bow_term(mu: torch.Tensor, bag: torch.Tensor, length: torch.Tensor, normaliz
 
 
 @register_criterion("retromae_pretrain", dataclass=RetroMAECriterionConfig)
-class RetroMAECriterion(MultiTermCriterion):
+class RetroMAECriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("dec",)
     with_bow = False
 
-    def __init__(self, task, mlm_weight=1.0, decoder_weight=1.0, bow_weight=0.0, bow_pool_all_positions=False):
+    def __init__(
+        self,
+        task,
+        mlm_weight=1.0,
+        decoder_weight=1.0,
+        bow_weight=0.0,
+        bow_pool_all_positions=False,
+        vocab_loss="chunked",
+        vocab_loss_chunk_size=0,
+    ):
         weights = {"mlm": mlm_weight, "dec": decoder_weight}
         if self.with_bow:
             weights["bow"] = bow_weight
         super().__init__(task, weights)
+        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
         self.bow_pool_all_positions = bow_pool_all_positions
 
     def bow_positions(self, sample) -> torch.Tensor:
@@ -97,15 +106,16 @@ class RetroMAECriterion(MultiTermCriterion):
         dec_tokens = sample["net_input"]["dec_tokens"]
         dec_positions = self.task.ordinary(dec_tokens)
         dec_positions[:, 0] = False
-        mlm_logits, extra = model(
+        mlm_out, extra = model(
             **sample["net_input"],
             masked_tokens=masked_tokens,
             dec_positions=dec_positions,
             bow_positions=self.bow_positions(sample) if self.with_bow else None,
+            head_inputs=self.head_inputs,
         )
         terms = {
-            "mlm": token_nll(mlm_logits, sample["target"][masked_tokens], pad),
-            "dec": token_nll(extra["decoder_out"], dec_tokens[dec_positions], pad),
+            "mlm": self.lm_head_term(model, mlm_out, sample["target"][masked_tokens]),
+            "dec": self.lm_head_term(model, extra["decoder_out"], dec_tokens[dec_positions]),
         }
         if self.with_bow:
             bag, length = self.task.bag_of_words(dec_tokens)
@@ -117,10 +127,21 @@ class RetroMAECriterion(MultiTermCriterion):
 class DupMAECriterion(RetroMAECriterion):
     with_bow = True
 
-    def __init__(self, task, mlm_weight=1.0, decoder_weight=1.0, bow_weight=1.0, bow_pool_all_positions=False):
+    def __init__(
+        self,
+        task,
+        mlm_weight=1.0,
+        decoder_weight=1.0,
+        bow_weight=1.0,
+        bow_pool_all_positions=False,
+        vocab_loss="chunked",
+        vocab_loss_chunk_size=0,
+    ):
         if not getattr(task, "with_bow", False):
             raise ValueError(
                 f"--criterion dupmae_pretrain needs --task dupmae_pretrain (got {type(task).__name__}): "
                 "the bag-of-words targets come from the task"
             )
-        super().__init__(task, mlm_weight, decoder_weight, bow_weight, bow_pool_all_positions)
+        super().__init__(
+            task, mlm_weight, decoder_weight, bow_weight, bow_pool_all_positions, vocab_loss, vocab_loss_chunk_size
+        )

@@ -6,20 +6,24 @@ Two named terms of :class:`~seed_fairseq.criterions.multi_term.MultiTermCriterio
 ``mlm`` (cross-entropy at the masked positions) and ``dec`` (the weak decoder's
 cross-entropy at every non-pad target), each a per-token mean over the global
 count of its tokens in the update.
+
+Both vocabulary predictions go through ``--vocab-loss`` (``vocab_loss.py``): by
+default the fused chunked linear cross-entropy, which never materialises the
+decoder's ``batch x length x vocabulary`` logits; ``--vocab-loss plain`` is the
+earlier code path (the model's logits, then ``F.cross_entropy``).
 """
 
 from dataclasses import dataclass, field
 from typing import Dict
 
-import torch.nn.functional as F
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import FairseqDataclass
 
 from .multi_term import MultiTermCriterion, Term
+from .vocab_loss import VocabLossConfig, VocabLossMixin, token_nll, vocab_term
 
 
 @dataclass
-class SeedPretrainCriterionConfig(FairseqDataclass):
+class SeedPretrainCriterionConfig(VocabLossConfig):
     mlm_weight: float = field(
         default=0.5,
         metadata={
@@ -34,23 +38,28 @@ class SeedPretrainCriterionConfig(FairseqDataclass):
     )
 
 
-def token_nll(logits, target, pad):
-    """(summed NLL in fp32, number correct) over the positions where target != pad."""
-    logits = logits.float().view(-1, logits.size(-1))
-    target = target.reshape(-1)
-    nll = F.cross_entropy(logits, target, ignore_index=pad, reduction="sum")
-    correct = (logits.argmax(-1).eq(target) & target.ne(pad)).sum()
-    return Term(nll, correct)
-
-
 @register_criterion("seed_pretrain", dataclass=SeedPretrainCriterionConfig)
-class SeedPretrainCriterion(MultiTermCriterion):
+class SeedPretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("dec",)
 
-    def __init__(self, task, mlm_weight=0.5, decoder_weight=0.5):
+    def __init__(self, task, mlm_weight=0.5, decoder_weight=0.5, vocab_loss="chunked", vocab_loss_chunk_size=0):
         super().__init__(task, {"mlm": mlm_weight, "dec": decoder_weight})
+        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
 
     def compute_terms(self, model, sample) -> Dict[str, Term]:
+        if not self.head_inputs:
+            return self._plain_terms(model, sample)
+        pad = self.padding_idx
+        masked_tokens = sample["target"].ne(pad)
+        mlm_hidden, extra = model(**sample["net_input"], masked_tokens=masked_tokens, head_inputs=True)
+        terms = {"mlm": self.lm_head_term(model, mlm_hidden, sample["target"][masked_tokens])}
+        options = dict(implementation=self.vocab_loss, chunk_size=self.vocab_loss_chunk_size)
+        if extra.get("decoder_features") is not None:  # None: the MLM-only baseline
+            projection = model.weak_decoder.output_projection.weight  # tied to the token embeddings, no bias
+            terms["dec"] = vocab_term(extra["decoder_features"], projection, sample["dec_target"], pad, **options)
+        return terms
+
+    def _plain_terms(self, model, sample) -> Dict[str, Term]:
         pad = self.padding_idx
         masked_tokens = sample["target"].ne(pad)
         mlm_logits, extra = model(**sample["net_input"], masked_tokens=masked_tokens)

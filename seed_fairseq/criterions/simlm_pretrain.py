@@ -17,14 +17,13 @@ from typing import Dict
 
 from fairseq import metrics
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import FairseqDataclass
 
 from .multi_term import MultiTermCriterion, Term
-from .seed_pretrain import token_nll
+from .vocab_loss import VocabLossConfig, VocabLossMixin
 
 
 @dataclass
-class SimLMPretrainCriterionConfig(FairseqDataclass):
+class SimLMPretrainCriterionConfig(VocabLossConfig):
     encoder_weight: float = field(
         default=1.0,
         metadata={"help": "weight of the encoder's replaced-LM mean loss (paper and reference code: a plain sum, 1/1)"},
@@ -36,11 +35,12 @@ class SimLMPretrainCriterionConfig(FairseqDataclass):
 
 
 @register_criterion("simlm_pretrain", dataclass=SimLMPretrainCriterionConfig)
-class SimLMPretrainCriterion(MultiTermCriterion):
+class SimLMPretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("dec",)
 
-    def __init__(self, task, encoder_weight=1.0, decoder_weight=1.0):
+    def __init__(self, task, encoder_weight=1.0, decoder_weight=1.0, vocab_loss="chunked", vocab_loss_chunk_size=0):
         super().__init__(task, {"enc": encoder_weight, "dec": decoder_weight})
+        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
         self._replaced = {}
 
     def compute_terms(self, model, sample) -> Dict[str, Term]:
@@ -49,11 +49,11 @@ class SimLMPretrainCriterion(MultiTermCriterion):
         predicted = target.ne(pad)
         dtype = next(model.parameters()).dtype  # the generator runs in the model's precision
         enc_in, dec_in = self.task.replaced_inputs(sample, dtype)
-        enc_logits, extra = model(enc_in, dec_tokens=dec_in, masked_tokens=predicted)
+        enc_out, extra = model(enc_in, dec_tokens=dec_in, masked_tokens=predicted, head_inputs=self.head_inputs)
         gold = target[predicted]
-        terms = {"enc": token_nll(enc_logits, gold, pad)}
+        terms = {"enc": self.lm_head_term(model, enc_out, gold)}
         if extra.get("decoder_out") is not None:  # None: no decoder (--decoder-layers 0)
-            terms["dec"] = token_nll(extra["decoder_out"], gold, pad)
+            terms["dec"] = self.lm_head_term(model, extra["decoder_out"], gold)
         self._replaced = {
             "enc_replaced_sum": int((enc_in.ne(target) & predicted).sum()),
             "dec_replaced_sum": int((dec_in.ne(target) & predicted).sum()),

@@ -300,18 +300,73 @@ def to_hf_order(hf_state, texts_source, with_lm_head):
     return hf_state
 
 
+# task -> (title, what pre-training did, tag): the card says which objective made the encoder
+OBJECTIVES = {
+    "seed_pretrain": (
+        "SEED-Encoder",
+        "MLM plus a weak decoder that reconstructs the input from the [CLS] vector alone "
+        "(SEED-Encoder, Lu et al., EMNLP 2021)",
+        "seed-encoder",
+    ),
+    "retromae_pretrain": (
+        "RetroMAE",
+        "MLM plus RetroMAE's one-layer enhanced decoder that reconstructs the unmasked input from "
+        "the [CLS] vector (Xiao & Liu)",
+        "retromae",
+    ),
+    "dupmae_pretrain": (
+        "DupMAE",
+        "MLM, RetroMAE's enhanced decoder from [CLS], and a bag-of-words loss on the max-pooled MLM "
+        "head (DupMAE, Xiao & Liu, 'RetroMAE v2')",
+        "dupmae",
+    ),
+    "simlm_pretrain": (
+        "SimLM",
+        "replaced language modelling with a frozen generator, plus a shallow decoder that sees the "
+        "encoder only through [CLS] (SimLM, Wang et al., 2022)",
+        "simlm",
+    ),
+    "cpdae_pretrain": (
+        "CPDAE",
+        "MLM plus a bag-of-words decoder on [CLS] and a contrast of the word distributions of two "
+        "masked views (CPDAE, Xu et al., CIKM 2022)",
+        "cpdae",
+    ),
+}
+
+
+def describe_objective(cfg, model_cfg) -> tuple:
+    """(title, description, tag) of the checkpoint's pre-training objective."""
+    task = (cfg.get("task") or {}).get("_name") or ""
+    title, what, tag = OBJECTIVES.get(
+        task, ("Bottleneck encoder", f"the plugin's `{task or '?'}` objective", "bottleneck-pretraining")
+    )
+    if task == "seed_pretrain" and not model_cfg.get("decoder_layers"):
+        title, what = "MLM-only encoder", "masked language modelling only (the baseline of SEED-Encoder's comparison)"
+    elif task == "seed_pretrain" and str(model_cfg.get("decoder_attention_window")) == "full":
+        title = "SEED-Encoder (full-attention decoder ablation)"
+    return title, what, tag
+
+
 def model_card(cfg, model_cfg, state, texts_source, diff, with_lm_head):
     t, o = cfg.get("task", {}), cfg.get("optimization", {})
     crit, ds = cfg.get("criterion", {}), cfg.get("dataset", {})
     hist = state.get("optimizer_history") or [{}]
     workers = cfg.get("distributed_training", {}).get("distributed_world_size")
+    title, what, tag = describe_objective(cfg, model_cfg)
+    weights = {k[: -len("_weight")]: v for k, v in crit.items() if k.endswith("_weight")}
     rows = {
+        "objective (fairseq task / criterion)": f"{t.get('_name', '?')} / {crit.get('_name', '?')}",
         "architecture (fairseq)": model_cfg.get("_name") or model_cfg.get("arch"),
         "encoder": f"{model_cfg['encoder_layers']} layers, hidden {model_cfg['encoder_embed_dim']}, "
         f"FFN {model_cfg['encoder_ffn_embed_dim']}, {model_cfg['encoder_attention_heads']} heads",
-        "weak decoder (dropped)": f"{model_cfg.get('decoder_layers', 0)} layers, attention window "
-        f"{model_cfg.get('decoder_attention_window', '-')}",
-        "loss weights (MLM / decoder)": f"{crit.get('mlm_weight', '-')} / {crit.get('decoder_weight', '-')}",
+        "decoder (dropped)": f"{model_cfg.get('decoder_layers', 0)} layers"
+        + (
+            f", attention window {model_cfg['decoder_attention_window']}"
+            if "decoder_attention_window" in model_cfg
+            else ""
+        ),
+        "loss weights": ", ".join(f"{k} {v}" for k, v in weights.items()) or "-",
         "updates": hist[-1].get("num_updates", "?"),
         "peak lr": o.get("lr"),
         "batch": f"{ds.get('batch_size')} sequences x {workers} workers x update-freq {o.get('update_freq')}",
@@ -324,18 +379,17 @@ def model_card(cfg, model_cfg, state, texts_source, diff, with_lm_head):
     head = "XLMRobertaForMaskedLM (with the MLM head)" if with_lm_head else "XLMRobertaModel (encoder only)"
     return f"""---
 library_name: transformers
-tags: [seed-encoder, dense-retrieval, fairseq, sentence-transformers]
+tags: [{tag}, dense-retrieval, fairseq, sentence-transformers]
 license: mit
 ---
 
-# SEED-Encoder (exported from fairseq)
+# {title} (exported from fairseq)
 
-A RoBERTa-style encoder pre-trained with MLM plus a weak decoder that reconstructs the
-input from the [CLS] vector alone (SEED-Encoder, Lu et al., EMNLP 2021), trained with
-`seed_fairseq`. Exported as **{head}**; the decoder is not included. Use the [CLS] vector
-(`last_hidden_state[:, 0]`) with dot product, as in the paper; `SentenceTransformer` on this
-folder does exactly that (CLS pooling, no normalisation). The pooler is not part of
-SEED-Encoder and is exported as zeros.
+A RoBERTa-style encoder pre-trained with {what}, trained with `seed_fairseq`. Exported as
+**{head}**; the pre-training-only heads (decoders) are not included. Use the [CLS] vector
+(`last_hidden_state[:, 0]`) with dot product; `SentenceTransformer` on this folder does
+exactly that (CLS pooling, no normalisation). The pooler is not part of the pre-training
+and is exported as zeros.
 
 Checked at export: tokenizer ids equal fairseq's, and HF outputs equal fairseq's
 (max abs diff {diff:.2e}, fp32).

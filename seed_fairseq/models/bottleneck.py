@@ -90,6 +90,28 @@ class BottleneckEncoderModel(RobertaModel):
     def mlm_logits(self, features, masked_tokens=None):
         return self.encoder.output_layer(features, masked_tokens=masked_tokens)
 
+    def mlm_hidden(self, features, masked_tokens=None):
+        """RoBERTa's LM head up to its vocabulary projection (dense, activation, LayerNorm).
+
+        ``F.linear(mlm_hidden(f, m), *mlm_projection()) == mlm_logits(f, m)``: a fused
+        loss (``modules/linear_cross_entropy.py``) takes these two instead of the logits.
+        """
+        head = self.encoder.lm_head
+        if masked_tokens is not None:
+            features = features[masked_tokens, :]
+        return head.layer_norm(head.activation_fn(head.dense(features)))
+
+    def lm_head(self, features, masked_tokens=None, head_inputs=False):
+        """The LM head's logits, or with ``head_inputs`` what its vocabulary projection takes
+        (``mlm_hidden``), for a criterion's fused loss (``criterions/vocab_loss.py``)."""
+        if head_inputs:
+            return self.mlm_hidden(features, masked_tokens=masked_tokens)
+        return self.mlm_logits(features, masked_tokens=masked_tokens)
+
+    def mlm_projection(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(weight, bias) of the LM head's vocabulary projection (the weight is tied to the token embeddings)."""
+        return self.encoder.lm_head.weight, self.encoder.lm_head.bias
+
     def pretraining_only_modules(self):
         """name -> module for every declared pre-training-only prefix that exists."""
         return {

@@ -35,6 +35,7 @@ class CpdaeModel(BottleneckEncoderModel):
         return_all_hiddens=False,
         classification_head_name=None,
         masked_tokens=None,
+        head_inputs=False,
         **kwargs,
     ):
         """Without ``src_tokens_2`` this is exactly RoBERTa's forward.
@@ -44,6 +45,7 @@ class CpdaeModel(BottleneckEncoderModel):
         and it returns ``(mlm_logits, extra)`` with ``extra["cls"]`` the
         ``(2B, dim)`` [CLS] vectors and ``extra["bow_logits"]`` the decoder's
         ``(2B, |V|)`` logits; ``masked_tokens`` is over the ``(2B, T)`` batch.
+        ``head_inputs=True``: the MLM head's inputs (``mlm_hidden``) instead of its logits.
         """
         if src_tokens_2 is None:
             return super().forward(
@@ -63,7 +65,7 @@ class CpdaeModel(BottleneckEncoderModel):
         extra["bow_logits"] = self.bow_decoder(extra["cls"])
         if features_only:
             return features, extra
-        return self.mlm_logits(features, masked_tokens=masked_tokens), extra
+        return self.lm_head(features, masked_tokens, head_inputs), extra
 
 
 @register_model_architecture("cpdae", "cpdae")

@@ -116,6 +116,7 @@ class RetroMAEModel(BottleneckEncoderModel):
         masked_tokens=None,
         dec_positions=None,
         bow_positions=None,
+        head_inputs=False,
         **kwargs,
     ):
         """Without ``dec_tokens`` this is exactly RoBERTa's forward.
@@ -124,7 +125,8 @@ class RetroMAEModel(BottleneckEncoderModel):
         ``extra["decoder_out"]`` the enhanced decoder's logits at ``dec_positions``
         (n, vocab), or at every position (batch, T, vocab) without them;
         ``extra["bow_logits"]`` the pooled vocabulary vector over ``bow_positions``
-        (batch, vocab), or None.
+        (batch, vocab), or None.  ``head_inputs=True``: the MLM head's inputs
+        (``mlm_hidden``) instead of its logits, for both the encoder and the decoder.
         """
         if dec_tokens is None:
             return super().forward(
@@ -139,11 +141,11 @@ class RetroMAEModel(BottleneckEncoderModel):
             raise ValueError("dec_tokens given without dec_hidden (the decoder's attention masks)")
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
         decoded = self.decode(self.cls_vector(features), dec_tokens, dec_hidden)
-        extra["decoder_out"] = self.mlm_logits(decoded, masked_tokens=dec_positions)
+        extra["decoder_out"] = self.lm_head(decoded, dec_positions, head_inputs)
         extra["bow_logits"] = self.vocabulary_pool(features, bow_positions) if bow_positions is not None else None
         if features_only:
             return features, extra
-        return self.mlm_logits(features, masked_tokens=masked_tokens), extra
+        return self.lm_head(features, masked_tokens, head_inputs), extra
 
 
 # ---------------------------------------------------------------------------

@@ -128,6 +128,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
         return_all_hiddens=False,
         classification_head_name=None,
         masked_tokens=None,
+        head_inputs=False,
         **kwargs,
     ):
         """Without ``prev_output_tokens`` this is exactly RoBERTa's forward.
@@ -135,7 +136,21 @@ class SeedEncoderModel(BottleneckEncoderModel):
         With them (pre-training) it returns ``(mlm_logits, extra)`` where
         ``extra["decoder_out"]`` holds the weak decoder's logits
         ``(batch, tgt_len, vocab)``.
+
+        ``head_inputs=True`` returns what the vocabulary projections take instead
+        of their logits, for a fused loss: ``(mlm_hidden(features, masked_tokens),
+        extra)`` with ``extra["decoder_features"]`` the decoder's last features
+        ``(batch, tgt_len, dim)`` (None without a decoder); the projections are
+        ``mlm_projection()`` and ``weak_decoder.output_projection``.
         """
+        if head_inputs:
+            features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
+            extra["decoder_features"] = None
+            if prev_output_tokens is not None and self.weak_decoder is not None:
+                extra["decoder_features"], _ = self.weak_decoder(
+                    prev_output_tokens, encoder_out=cls_memory(features), features_only=True
+                )
+            return self.mlm_hidden(features, masked_tokens=masked_tokens), extra
         if prev_output_tokens is None or self.weak_decoder is None:
             x, extra = super().forward(
                 src_tokens,

@@ -100,14 +100,20 @@ class SimLMModel(BottleneckEncoderModel):
         return_all_hiddens=False,
         classification_head_name=None,
         masked_tokens=None,
+        head_inputs=False,
         **kwargs,
     ):
         """Without ``dec_tokens`` this is exactly RoBERTa's forward.
 
         With them (pre-training) it returns ``(encoder logits, extra)`` where
         ``extra["decoder_out"]`` holds the decoder's logits; both are computed at
-        ``masked_tokens`` only (all positions when None).
+        ``masked_tokens`` only (all positions when None).  ``head_inputs=True``: the
+        MLM head's inputs (``mlm_hidden``) instead of its logits, for a fused loss.
         """
+        if dec_tokens is not None and self.simlm_decoder is None and head_inputs:
+            features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
+            extra["decoder_out"] = None
+            return self.lm_head(features, masked_tokens, head_inputs), extra
         if dec_tokens is None or self.simlm_decoder is None:
             x, extra = super().forward(
                 src_tokens,
@@ -127,8 +133,8 @@ class SimLMModel(BottleneckEncoderModel):
         if features_only:
             extra["decoder_out"] = dec_features
             return features, extra
-        extra["decoder_out"] = self.mlm_logits(dec_features, masked_tokens=masked_tokens)
-        return self.mlm_logits(features, masked_tokens=masked_tokens), extra
+        extra["decoder_out"] = self.lm_head(dec_features, masked_tokens, head_inputs)
+        return self.lm_head(features, masked_tokens, head_inputs), extra
 
     def upgrade_state_dict_named(self, state_dict, name):
         prefix = name + "." if name != "" else ""

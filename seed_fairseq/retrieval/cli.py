@@ -63,7 +63,7 @@ unit_interval = _number(float, lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    from .search import INDEX_PRESETS
+    from .search import INDEX_PRESETS, PRECISIONS
 
     g = p.add_argument_group("encoding and search")
     g.add_argument("--batch-size", type=positive_int, default=64, help="encoding batch size")
@@ -75,9 +75,11 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--precision",
-        choices=("fp32", "fp16", "bf16"),
+        choices=PRECISIONS,
         default="fp16",
-        help="autocast dtype for encoding on CUDA (CPU always runs fp32)",
+        help="encoding precision. CUDA: fp16/bf16 autocast. CPU: bf16 = bfloat16 autocast (fast on CPUs with "
+        "AVX512-BF16/AMX), int8 = dynamic int8 quantisation of the Linear layers, fp16 runs fp32. The quality "
+        "change of each is measured in benchmarks/README.md. Default fp16 (= fp32 on the CPU)",
     )
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     g.add_argument(

@@ -34,7 +34,17 @@ import torch
 
 from ..hf.dupmae_head import CONFIG_FILE, DupMAEHead, HeadFileError, check_top_k, has_head, load_head
 from .data import DataFormatError
-from .search import SearchError, autocast, build_index, make_index, search, to_run
+from .search import (
+    PRECISIONS,
+    SearchError,
+    autocast,
+    build_index,
+    length_order,
+    make_index,
+    quantized_int8,
+    search,
+    to_run,
+)
 
 REPRESENTATIONS = ("cls", "dupmae")
 
@@ -113,22 +123,25 @@ def encode_dupmae(
     from sentence_transformers.util import batch_to_device
     from tqdm import tqdm
 
-    head = dupmae_head(model)
-    if head is None:
+    if dupmae_head(model) is None:
         raise ValueError("not a DupMAE model (its last module is not a DupMAEHead)")
+    if precision not in PRECISIONS:
+        raise SearchError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    # int8: a quantised copy (encoder and head), as search.encode does
+    runner = quantized_int8(model) if precision == "int8" else model
+    head = dupmae_head(runner)
     k = head.top_k if top_k is None else top_k
     dense, values, indices = [], [], []
     was_training, scatter = model.training, head.scatter
     model.eval()
     head.scatter = False
-    # longest first, as sentence-transformers does: less padding per batch
-    order = np.argsort([-len(t) for t in texts], kind="stable")
+    order = length_order(model, texts)  # fewest pads per batch; rows are put back in input order below
     try:
         with torch.inference_mode(), autocast(model.device.type, precision):
             for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=not show_progress):
                 batch = [texts[i] for i in order[start : start + batch_size]]
                 features = batch_to_device(_preprocess(model, batch), model.device)
-                out = model[0](features)
+                out = runner[0](features)
                 d, v, i = head.represent(out["token_embeddings"], out["attention_mask"], out["input_ids"], top_k=k)
                 dense.append(d.float().cpu().numpy())
                 values.append(v.float().cpu().numpy())

@@ -5,7 +5,9 @@ normalisation), so every index below uses ``METRIC_INNER_PRODUCT``.
 """
 
 import contextlib
+import copy
 import sys
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -36,12 +38,44 @@ def pick_device(device: Optional[str] = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# --precision: what encoding computes in (training's own precision is FinetuneConfig's business)
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
+
 def autocast(device: str, precision: str):
-    """fp16/bf16 autocast on CUDA only: CPU autocast is slow and changes results."""
-    if precision == "fp32" or not str(device).startswith("cuda"):
+    """The autocast context of ``precision`` on ``device``.
+
+    CUDA: fp16 / bf16 autocast. CPU: bf16 autocast (matmuls in bfloat16, which CPUs
+    with AVX512-BF16 / AMX run several times faster; softmax and LayerNorm stay fp32);
+    fp16 runs fp32 on the CPU (no fast fp16 matmul there). fp32 and int8: none.
+    """
+    device = str(device)
+    if precision == "bf16" and device.startswith("cpu"):
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if precision not in ("fp16", "bf16") or not device.startswith("cuda"):
         return contextlib.nullcontext()
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
     return torch.autocast("cuda", dtype=dtype)
+
+
+def quantized_int8(model):
+    """A copy of ``model`` whose Linear layers are dynamically quantised to int8 (CPU only).
+
+    ``torch.ao.quantization.quantize_dynamic``: int8 weights, activations quantised
+    per batch on the fly; embeddings, LayerNorm and attention softmax stay fp32.
+    """
+    if model.device.type != "cpu":
+        raise SearchError(
+            f"--precision int8 (dynamic int8 quantisation) runs on the CPU only, the model is on {model.device}; "
+            "use fp16 or bf16 there"
+        )
+    was_training = model.training
+    copy_ = copy.deepcopy(model).eval()
+    model.train(was_training)
+    with warnings.catch_warnings():
+        # torch >= 2.10 deprecates eager quantized tensors (torchao is the successor); they still work
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+        return torch.ao.quantization.quantize_dynamic(copy_, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def load_model(
@@ -120,6 +154,34 @@ def position_limit(model) -> Optional[int]:
     return n if n > 0 else None
 
 
+def length_order(model, texts: Sequence[str]) -> np.ndarray:
+    """Indices of ``texts`` from the most to the fewest tokens (ties: input order).
+
+    Batches of similar lengths waste little on padding. Token counts come from the
+    model's own (fast) tokenizer in one batch call, truncated like the model
+    truncates; sentence-transformers sorts by characters, a rougher proxy.
+    """
+    tokenizer = getattr(model, "tokenizer", None)
+    try:
+        ids = tokenizer(
+            list(texts),
+            truncation=True,
+            max_length=model.max_seq_length,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )["input_ids"]
+        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(texts))
+    except (TypeError, KeyError, AttributeError, ValueError):
+        lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+    return np.argsort(-lengths, kind="stable")
+
+
+def _features(model, texts: List[str]) -> dict:
+    # sentence-transformers >= 5: preprocess; before: tokenize (deprecated since)
+    prepare = getattr(model, "preprocess", None) or model.tokenize
+    return prepare(texts)
+
+
 def encode(
     model,
     texts: Sequence[str],
@@ -127,22 +189,43 @@ def encode(
     precision: str = "fp32",
     show_progress: bool = True,
     desc: str = "encode",
+    sort_by_length: bool = True,
 ) -> np.ndarray:
-    """float32 C-contiguous embeddings (what faiss wants), with a tqdm bar."""
+    """float32 C-contiguous embeddings (what faiss wants), in the order of ``texts``.
+
+    The texts are encoded in batches of similar token counts (``length_order``)
+    under ``torch.inference_mode``, in ``precision`` (see ``autocast`` and
+    ``quantized_int8``). Batches go through the model's own preprocessing and
+    forward, as in ``SentenceTransformer.encode``; in fp32 the result does not
+    depend on the order of the batches (``sort_by_length=False`` keeps the input
+    order, tested).
+    """
+    if precision not in PRECISIONS:
+        raise SearchError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    dim = model.get_embedding_dimension()
+    out = np.zeros((len(texts), dim), dtype=np.float32)
     if len(texts) == 0:
-        return np.zeros((0, model.get_embedding_dimension()), dtype=np.float32)
+        return out
+    from sentence_transformers.util import batch_to_device
+    from tqdm import tqdm
+
+    runner = quantized_int8(model) if precision == "int8" else model
+    order = length_order(model, texts) if sort_by_length else np.arange(len(texts))
     was_training = model.training
     model.eval()
-    with torch.inference_mode(), autocast(model.device.type, precision):
-        emb = model.encode(
-            list(texts),
-            batch_size=batch_size,
-            show_progress_bar=show_progress,
-            convert_to_numpy=True,
-            normalize_embeddings=False,
-        )
-    model.train(was_training)
-    return np.ascontiguousarray(emb, dtype=np.float32)
+    try:
+        with torch.inference_mode(), autocast(model.device.type, precision), tqdm(
+            total=len(texts), desc=desc, unit=" texts", disable=not show_progress
+        ) as bar:
+            for start in range(0, len(texts), batch_size):
+                rows = order[start : start + batch_size]
+                features = batch_to_device(_features(model, [texts[i] for i in rows]), model.device)
+                emb = runner(features)["sentence_embedding"]
+                out[rows] = emb.float().cpu().numpy()
+                bar.update(len(rows))
+    finally:
+        model.train(was_training)
+    return out
 
 
 def build_index(
