@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from tqdm import tqdm
 
@@ -865,7 +865,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def build(out, *, text=(), wiki=(), books=(), **options) -> Path:
+def build(
+    out: Union[str, os.PathLike],
+    *,
+    text: Iterable[Union[str, os.PathLike]] = (),
+    wiki: Iterable[Union[str, os.PathLike]] = (),
+    books: Iterable[Union[str, os.PathLike]] = (),
+    **options,
+) -> Path:
     """The build as a library call (tests, benchmarks, the comparison script):
     ``build("data-bin", text=["corpus.txt"], vocab_size=500, valid_docs=3)`` runs
     exactly what ``python -m preprocess.build --text corpus.txt --out data-bin

@@ -19,7 +19,15 @@ import torch
 
 from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
 from ..dictionary import dictionary_sha256
-from ..fileio import OutputError, check_output_dir, chmod_tree, replace_dir, temp_dir_beside, write_json_atomic
+from ..fileio import (
+    OutputError,
+    PathLike,
+    check_output_dir,
+    chmod_tree,
+    replace_dir,
+    temp_dir_beside,
+    write_json_atomic,
+)
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .tokenizer import build_tokenizer, fairseq_encode
@@ -145,7 +153,9 @@ def _hf_texts(data, dictionary, rec):
     return HFTexts(data, tok, vocab)
 
 
-def load_inputs(checkpoint, data) -> Tuple[dict, dict, dict, "Dictionary", Union[SpmTexts, HFTexts], Tuple[str, ...]]:
+def load_inputs(
+    checkpoint: PathLike, data: PathLike
+) -> Tuple[dict, dict, dict, "Dictionary", Union[SpmTexts, HFTexts], Tuple[str, ...]]:
     """Checkpoint, its model config, the data's dictionary and texts (how raw text becomes
     ids), and the state-dict prefixes that are not exported (the pre-training-only modules)."""
     from fairseq.data import Dictionary
@@ -474,9 +484,9 @@ Masked Auto-Encoder", Eq. 10-12): `dupmae.json` and `dupmae_head.safetensors`, r
 
 
 def export(
-    checkpoint,
-    data,
-    out,
+    checkpoint: PathLike,
+    data: PathLike,
+    out: PathLike,
     force: bool = False,
     with_lm_head: bool = False,
     atol: float = 1e-5,

@@ -129,7 +129,7 @@ class BottleneckPretrainTask(MaskedLMTask):
         self.dictionary_sha256 = dictionary_sha256(self.dict_path)
 
     @classmethod
-    def load_dict(cls, cfg):
+    def load_dict(cls, cfg) -> Dictionary:
         paths = utils.split_paths(cfg.data)
         if not paths:
             raise ValueError("no data directory given")
