@@ -20,6 +20,7 @@ temporary file until the index is written.
 import collections
 import os
 import struct
+from typing import Tuple, Union
 
 import numpy as np
 from fairseq.data import Dictionary
@@ -43,7 +44,7 @@ def _init_worker(dict_path):
     _DTYPE = best_fitting_int_dtype(len(dictionary))
 
 
-def binarize_text(text):
+def binarize_text(text: str) -> Tuple[bytes, np.ndarray, collections.Counter]:
     """(token bytes, int32 sizes, Counter of replaced symbols) for the lines of ``text``."""
     if "\r" in text:  # fairseq reads in text mode: universal newlines
         text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -70,7 +71,7 @@ def _binarize_range(task):
     return binarize_text(read_range(path, start, end).decode("utf-8"))
 
 
-def write_index(index_path, dtype, sizes_path, n):
+def write_index(index_path: Union[str, os.PathLike], dtype: type, sizes_path: Union[str, os.PathLike], n: int) -> None:
     """fairseq's MMapIndexedDataset index for the ``n`` int32 sizes in ``sizes_path``, streaming."""
     itemsize = np.dtype(dtype).itemsize
     with open(index_path, "wb") as out, open(sizes_path, "rb") as f:
@@ -94,7 +95,13 @@ def write_index(index_path, dtype, sizes_path, n):
             address = int(ends[-1])
 
 
-def binarize_file(encoded_path, dict_path, output_prefix, workers, chunk_bytes=CHUNK_BYTES):
+def binarize_file(
+    encoded_path: Union[str, os.PathLike],
+    dict_path: Union[str, os.PathLike],
+    output_prefix: Union[str, os.PathLike],
+    workers: int,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Tuple[int, int]:
     """Write ``output_prefix``.bin/.idx; returns (sequences, tokens)."""
     dictionary = Dictionary.load(str(dict_path))
     dtype = best_fitting_int_dtype(len(dictionary))

@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from tqdm import tqdm
 
@@ -423,7 +423,7 @@ class Build:
 
     # ---- stages ----------------------------------------------------------------------
 
-    def stage_extract(self, results):
+    def stage_extract(self, results: Dict[str, Any]) -> Dict[str, Any]:
         from . import text as textmod
         from .extract import extract
 
@@ -464,7 +464,7 @@ class Build:
             "sources": [stats.get(str(p), {"kind": k}) for k, p in self.sources],
         }
 
-    def stage_split(self, results):
+    def stage_split(self, results: Dict[str, Any]) -> Dict[str, Any]:
         from .split import AUTO_FRACTION_PERCENT, AUTO_MAX, choose_held_out, split
 
         a = self.args
@@ -507,10 +507,10 @@ class Build:
         }
 
     @staticmethod
-    def split_names(results) -> List[str]:
+    def split_names(results: Dict[str, Any]) -> List[str]:
         return list(results["split"]["splits"])
 
-    def stage_vocab(self, results):
+    def stage_vocab(self, results: Dict[str, Any]) -> Dict[str, Any]:
         from . import vocab
 
         atomic_path = _fileio().atomic_path
@@ -539,7 +539,7 @@ class Build:
                 vocab.write_fairseq_dict(sp, tmp)
         return {"sample_lines": kept, "pieces": sp.get_piece_size()}
 
-    def stage_tokenizer_vocab(self, results):
+    def stage_tokenizer_vocab(self, results: Dict[str, Any]) -> Dict[str, Any]:
         """dict.txt, the id mapping and a copy of the tokenizer (seed_fairseq.hf.vocab)."""
         from seed_fairseq.hf.vocab import RECORD as VOCAB_RECORD
         from seed_fairseq.hf.vocab import load_fast_tokenizer, vocab_from_tokenizer, write_dict
@@ -572,7 +572,7 @@ class Build:
             "source": str(Path(self.tokenizer_dir).resolve()),
         }
 
-    def stage_encode(self, results):
+    def stage_encode(self, results: Dict[str, Any]) -> Dict[str, Dict[str, int]]:
         from .encode import encode_file, encode_file_hf
 
         fileio = _fileio()
@@ -620,7 +620,7 @@ class Build:
             )
         return counts
 
-    def stage_binarize(self, results):
+    def stage_binarize(self, results: Dict[str, Any]) -> Dict[str, Dict[str, int]]:
         from .binarize import binarize_file
 
         d = self.work / "bin"
@@ -635,7 +635,7 @@ class Build:
             counts[name] = {"sequences": seqs, "tokens": toks}
         return counts
 
-    def stage_finalize(self, results):
+    def stage_finalize(self, results: Dict[str, Any]) -> Dict[str, Any]:
         from seed_fairseq.dictionary import dictionary_sha256
 
         a, out = self.args, self.out
@@ -697,7 +697,7 @@ class Build:
         return record
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m preprocess.build",
         description="Raw Wikipedia dumps / BookCorpus-style text -> sentencepiece BPE + fairseq mmap data.",
@@ -841,7 +841,7 @@ def parse_args(argv=None):
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s", stream=sys.stderr)
     OutputError = _fileio().OutputError  # noqa: N806 - after logging is set up (see _fileio)
@@ -865,7 +865,14 @@ def main(argv=None):
     return 0
 
 
-def build(out, *, text=(), wiki=(), books=(), **options) -> Path:
+def build(
+    out: Union[str, os.PathLike],
+    *,
+    text: Iterable[Union[str, os.PathLike]] = (),
+    wiki: Iterable[Union[str, os.PathLike]] = (),
+    books: Iterable[Union[str, os.PathLike]] = (),
+    **options,
+) -> Path:
     """The build as a library call (tests, benchmarks, the comparison script):
     ``build("data-bin", text=["corpus.txt"], vocab_size=500, valid_docs=3)`` runs
     exactly what ``python -m preprocess.build --text corpus.txt --out data-bin

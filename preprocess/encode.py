@@ -14,6 +14,7 @@ concatenated are the line's pieces (see ``cut_pieces``).
 """
 
 import itertools
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from .parallel import line_ranges, ordered_imap, read_range, split_lines
 from .vocab import load_spm
@@ -34,11 +35,13 @@ def _init_worker(model_path, max_pieces=0):
     _MAX_PIECES = max_pieces
 
 
-def starts_spm_word(piece):
+def starts_spm_word(piece: str) -> bool:
     return piece.startswith(WORD_START)
 
 
-def cut_pieces(pieces, max_pieces, starts_word=starts_spm_word):
+def cut_pieces(
+    pieces: List[str], max_pieces: int, starts_word: Callable[[str], bool] = starts_spm_word
+) -> List[List[str]]:
     """Consecutive chunks of ``pieces``, each at most ``max_pieces`` long (0 = no limit).
 
     A chunk ends, by preference, right before the last piece starting a word
@@ -72,7 +75,7 @@ def cut_pieces(pieces, max_pieces, starts_word=starts_spm_word):
     return chunks
 
 
-def encode_lines(lines):
+def encode_lines(lines: Sequence[str]) -> Tuple[List[str], int, int]:
     """(encoded lines, input lines, lines cut) for a chunk of lines; '' stays ''.
 
     Runs in a worker (uses the worker's model and max_pieces); a line cut into
@@ -105,7 +108,9 @@ def _encode_range(task):
     return text, n_in, len(out), cut
 
 
-def encode_file(src, dst, model_path, workers, chunk_bytes=CHUNK_BYTES, progress=None, max_pieces=0):
+def encode_file(
+    src, dst, model_path, workers: int, chunk_bytes: int = CHUNK_BYTES, progress=None, max_pieces: int = 0
+) -> Dict[str, int]:
     """Encode ``src`` into ``dst`` (the caller renames it into place).
 
     Lines are split on "\\n" only. Workers each read their own byte range of
@@ -143,7 +148,9 @@ def _chunks(path, chunk_lines):
             yield chunk
 
 
-def encode_file_hf(src, dst, tokenizer_dir, progress=None, max_pieces=0, chunk_lines=2000):
+def encode_file_hf(
+    src, dst, tokenizer_dir, progress=None, max_pieces: int = 0, chunk_lines: int = 2000
+) -> Dict[str, int]:
     """``encode_file`` with a HuggingFace tokenizer instead of sentencepiece: each line's
     tokens (no special tokens) written as the fairseq dictionary's symbols (the model's
     own tokens, see seed_fairseq.hf.vocab), cut before word starts like spm pieces.

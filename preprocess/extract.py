@@ -9,6 +9,8 @@ order --wiki..., --books..., --text...; documents that normalise to nothing are
 dropped (and counted), never written as empty documents.
 """
 
+from typing import Any, Dict, Sequence, Tuple
+
 from tqdm import tqdm
 
 from . import text as textmod
@@ -79,7 +81,14 @@ def _batches(segments):
         yield batch
 
 
-def extract(sources, out_path, options, workers, skip_bad, stats):
+def extract(
+    sources: Sequence[Tuple[str, Any]],
+    out_path,
+    options: Dict[str, Any],
+    workers: int,
+    skip_bad: bool,
+    stats: Dict[str, Dict[str, Any]],
+) -> Dict[str, int]:
     """Write the corpus to ``out_path``.
 
     ``options``: {"lowercase", "nfkc", "line_unit"} ("line_unit" defaults to

@@ -2,6 +2,7 @@
 
 import collections
 import multiprocessing
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 # An exception raised by a Pool initializer makes multiprocessing restart the
 # worker forever (the map then hangs); we keep it and raise it from the task.
@@ -23,7 +24,14 @@ def _guarded_call(func, item):
     return func(item)
 
 
-def ordered_imap(func, iterable, workers, initializer=None, initargs=(), inflight_per_worker=4):
+def ordered_imap(
+    func: Callable[[Any], Any],
+    iterable: Iterable[Any],
+    workers: int,
+    initializer: Optional[Callable[..., Any]] = None,
+    initargs: tuple = (),
+    inflight_per_worker: int = 4,
+) -> Iterator[Any]:
     """Like ``Pool.imap(func, iterable)`` but reads ``iterable`` lazily.
 
     Hand-written because ``Pool.imap`` and ``ProcessPoolExecutor.map`` (Python
@@ -50,7 +58,7 @@ def ordered_imap(func, iterable, workers, initializer=None, initargs=(), infligh
             yield pending.popleft().get()
 
 
-def line_ranges(path, chunk_bytes):
+def line_ranges(path, chunk_bytes: int) -> Iterator[Tuple[int, int]]:
     """(start, end) byte ranges covering ``path``, each ending after a b"\\n" (or at EOF).
 
     Workers read their range themselves (``read_range``), so only results cross
@@ -70,13 +78,13 @@ def line_ranges(path, chunk_bytes):
             start = end
 
 
-def read_range(path, start, end):
+def read_range(path, start: int, end: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(start)
         return f.read(end - start)
 
 
-def split_lines(text):
+def split_lines(text: str) -> List[str]:
     """The lines of ``text`` split on "\\n" only (a last line without "\\n" counts)."""
     lines = text.split("\n")
     if lines[-1] == "":

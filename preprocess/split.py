@@ -10,7 +10,7 @@ they are not given, ``choose_held_out``'s share of the corpus.
 """
 
 import random
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from tqdm import tqdm
 
@@ -80,7 +80,9 @@ class _SplitWriter:
         return {"documents": self.documents, "lines": self.lines, "bytes": self.bytes}
 
 
-def split(corpus_path, num_docs, valid_docs, test_docs, shards, seed, paths):
+def split(
+    corpus_path, num_docs: int, valid_docs: int, test_docs: int, shards: int, seed: int, paths: Dict[str, Any]
+) -> Dict[str, Dict[str, int]]:
     """``paths`` maps split name ("valid", "test", "train0".."trainK") to its output file."""
     held_out = random.Random(seed).sample(range(num_docs), valid_docs + test_docs)
     valid = set(held_out[:valid_docs])

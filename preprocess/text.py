@@ -9,6 +9,7 @@ model itself is trained with sentencepiece's ``identity`` normalizer.
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple, Union
 
 from .errors import PreprocessError
 
@@ -28,7 +29,7 @@ NORMALIZATION_STEPS = (
 )
 
 
-def normalize_line(line, lowercase=True, nfkc=True):
+def normalize_line(line: str, lowercase: bool = True, nfkc: bool = True) -> str:
     """Normalise one paragraph/line; returns '' for lines with no text left.
 
     NFKC runs before lower-casing (NFKC turns e.g. U+210C "ℌ" into "H") and
@@ -60,12 +61,12 @@ def _blingfire():
     return blingfire
 
 
-def sentence_splitter_available():
+def sentence_splitter_available() -> None:
     """Raise PreprocessError unless the sentence splitter can be imported."""
     _blingfire()
 
 
-def split_sentences(text):
+def split_sentences(text: str) -> List[str]:
     """Split one whitespace-normalised paragraph into sentences, cutting only at its spaces.
 
     The splitter is blingfire's ``text_to_sentences`` (Microsoft Bling Fire): a
@@ -113,7 +114,9 @@ def split_sentences(text):
     return sentences
 
 
-def paragraph_lines(raw, lowercase=True, nfkc=True, line_unit="sentence"):
+def paragraph_lines(
+    raw: str, lowercase: bool = True, nfkc: bool = True, line_unit: str = "sentence"
+) -> Tuple[List[str], bool]:
     """One raw paragraph -> its output lines; returns (lines, kept_whole).
 
     ``paragraph``: ``[normalize_line(raw)]`` (nothing if it is empty).
@@ -140,7 +143,7 @@ def paragraph_lines(raw, lowercase=True, nfkc=True, line_unit="sentence"):
     return lines, False
 
 
-def decode_lines(path, skip_bad, stats):
+def decode_lines(path: Union[str, Path], skip_bad: bool, stats: Dict[str, Any]) -> Iterator[Tuple[int, str]]:
     """Yield (line_number, text) of a UTF-8 file, streaming, '\\n' as the only line end.
 
     Lines are split on b'\\n' before decoding so that U+2028 & co. never split
@@ -164,7 +167,7 @@ def decode_lines(path, skip_bad, stats):
             yield number, text.rstrip("\r\n")
 
 
-def check_nonempty_file(path):
+def check_nonempty_file(path: Union[str, Path]) -> None:
     path = Path(path)
     if not path.exists():
         raise PreprocessError(path, "no such file")
@@ -174,7 +177,7 @@ def check_nonempty_file(path):
         raise PreprocessError(path, "empty file")
 
 
-def book_files(directory):
+def book_files(directory: Union[str, Path]) -> List[Path]:
     """The .txt files of a BookCorpus-style directory (one book per file), sorted for determinism."""
     directory = Path(directory)
     if not directory.exists():
@@ -187,7 +190,9 @@ def book_files(directory):
     return files
 
 
-def read_book_segments(path, skip_bad, stats, max_lines):
+def read_book_segments(
+    path: Union[str, Path], skip_bad: bool, stats: Dict[str, Any], max_lines: int
+) -> Iterator[Tuple[bool, List[str]]]:
     """One book = one document; every non-blank line is a paragraph.
 
     Blank lines inside a book are dropped (in the output a blank line means
@@ -207,7 +212,9 @@ def read_book_segments(path, skip_bad, stats, max_lines):
         yield starts_doc, buf
 
 
-def read_text_segments(path, skip_bad, stats, max_lines):
+def read_text_segments(
+    path: Union[str, Path], skip_bad: bool, stats: Dict[str, Any], max_lines: int
+) -> Iterator[Tuple[bool, List[str]]]:
     """A corpus already in "one paragraph per line, blank line between documents" form."""
     check_nonempty_file(path)
     starts_doc = True

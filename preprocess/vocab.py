@@ -19,6 +19,7 @@ reorders a loaded dictionary by count.
 
 import io
 import re
+from typing import Iterable
 
 import sentencepiece as spm
 
@@ -34,14 +35,14 @@ _RESERVED = {"<s>", "<pad>", "</s>", "<unk>", "<mask>"}
 _WHITESPACE = re.compile(r"\s")
 
 
-def spm_to_fairseq_id(spm_id):
+def spm_to_fairseq_id(spm_id: int) -> int:
     """sentencepiece id -> fairseq Dictionary index (see module docstring)."""
     if spm_id < 0:
         raise ValueError(f"negative sentencepiece id {spm_id}")
     return _SPECIAL_SPM_TO_FAIRSEQ.get(spm_id, spm_id + 1)
 
 
-def fairseq_to_spm_id(fairseq_id):
+def fairseq_to_spm_id(fairseq_id: int) -> int:
     """Inverse of spm_to_fairseq_id; <pad> (1) has no sentencepiece id."""
     if fairseq_id == FAIRSEQ_PAD:
         raise ValueError("fairseq <pad> (1) has no sentencepiece id")
@@ -50,7 +51,7 @@ def fairseq_to_spm_id(fairseq_id):
     return _SPECIAL_FAIRSEQ_TO_SPM.get(fairseq_id, fairseq_id - 1)
 
 
-def systematic_sample(paths, total_lines, sample_size, out_path):
+def systematic_sample(paths: Iterable, total_lines: int, sample_size: int, out_path) -> int:
     """Write a deterministic, evenly spread sample of the non-blank lines of ``paths``.
 
     Line i (counting non-blank lines only) is kept when floor(i*S/L) steps,
@@ -73,7 +74,13 @@ def systematic_sample(paths, total_lines, sample_size, out_path):
     return kept
 
 
-def train_spm(sample_path, vocab_size, threads, byte_fallback=True, character_coverage=0.9995):
+def train_spm(
+    sample_path,
+    vocab_size: int,
+    threads: int,
+    byte_fallback: bool = True,
+    character_coverage: float = 0.9995,
+) -> bytes:
     """Train the BPE model on the sample; returns the serialized model bytes.
 
     ``sentence_iterator``/``model_writer`` keep file paths out of the model's
@@ -132,18 +139,18 @@ def train_spm(sample_path, vocab_size, threads, byte_fallback=True, character_co
     return writer.getvalue()
 
 
-def load_spm(model_path):
+def load_spm(model_path) -> spm.SentencePieceProcessor:
     return spm.SentencePieceProcessor(model_file=str(model_path))
 
 
-def write_spm_vocab(sp, path):
+def write_spm_vocab(sp: spm.SentencePieceProcessor, path) -> None:
     """spm.vocab as spm_train writes it: ``piece<TAB>score`` in id order (informational)."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for i in range(sp.get_piece_size()):
             f.write(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n")
 
 
-def write_fairseq_dict(sp, path):
+def write_fairseq_dict(sp: spm.SentencePieceProcessor, path) -> None:
     """dict.txt for fairseq: pieces 3..N-1 in sentencepiece order, count 1 each."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for i in range(3, sp.get_piece_size()):

@@ -17,6 +17,7 @@ import bz2
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any, Dict, Iterator, List, Union
 
 from mwparserfromhell.nodes import Heading, Tag, Template, Wikilink
 from mwparserfromhell.parser import Parser
@@ -101,7 +102,7 @@ def _open_dump(path):
     return open(path, "rb")
 
 
-def iter_pages(path, stats):
+def iter_pages(path: Union[str, Path], stats: Dict[str, Any]) -> Iterator[str]:
     """Yield the raw wikitext of every article (namespace 0, not a redirect).
 
     Counts pages / redirects / other namespaces in ``stats``. All low-level
@@ -277,7 +278,7 @@ def _parse(text):
     return _SkippingBuilder().build(parser._tokenizer.tokenize(text, 0, False))
 
 
-def clean_wikitext(text):
+def clean_wikitext(text: str) -> List[str]:
     """Article wikitext -> list of plain-text paragraphs (headings and non-prose dropped)."""
     code = _parse(text)
     # Drop whole trailing sections (References, External links ...).

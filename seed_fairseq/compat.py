@@ -124,7 +124,7 @@ WATCHDOG_INTERVAL = 2.0  # seconds between checks that the launcher is alive
 _watchdog_started = False
 
 
-def start_launcher_watchdog(interval: float = WATCHDOG_INTERVAL):
+def start_launcher_watchdog(interval: float = WATCHDOG_INTERVAL) -> None:
     """Stop this worker when the process that launched it (torchrun) is gone.
 
     A killed parent's children are re-parented, so ``os.getppid()`` changes;
@@ -334,7 +334,7 @@ def _install_clean_exit():
         atexit.register(_join_consumers)
 
 
-def install():
+def install() -> None:
     _install_trusted_checkpoint_loading()
     _install_cpu_distributed_launch()
     _install_atomic_checkpoint_writes()

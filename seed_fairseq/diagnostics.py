@@ -26,7 +26,7 @@ precision and leaves the training trajectory unchanged.
 """
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq import metrics
@@ -35,7 +35,7 @@ LN2 = math.log(2)
 PREFIX = "diag_"
 
 
-def rotate_cls(model):
+def rotate_cls(model) -> torch.utils.hooks.RemovableHandle:
     """Context-free hook handle: position 0 of the encoder output rotated by one across the batch."""
 
     def hook(module, inputs, output):
@@ -60,7 +60,7 @@ def cls_vectors(model, tokens: torch.Tensor) -> torch.Tensor:
     return model.cls_vector(features).float()
 
 
-def pairwise_cosine_sum(cls: torch.Tensor):
+def pairwise_cosine_sum(cls: torch.Tensor) -> Tuple[float, int]:
     """(sum of the cosines of all pairs i < j, number of pairs)."""
     n = cls.size(0)
     if n < 2:
@@ -108,7 +108,7 @@ def validation_logs(criterion, model, sample, logging_output: dict) -> Dict[str,
     return logs
 
 
-def halves(block: torch.Tensor, bos: int, eos: int, pad: int):
+def halves(block: torch.Tensor, bos: int, eos: int, pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(query, passage): [CLS] + first half, [CLS] + second half of a block's tokens."""
     body = block[1:] if int(block[0]) == bos else block
     body = body[body.ne(pad)]
@@ -156,7 +156,7 @@ def retrieval_probe(
     return {PREFIX + "probe_rr_sum": float(rr.sum()), PREFIX + "probe_queries": len(pairs), PREFIX + "probe_runs": 1}
 
 
-def reduce(logging_outputs) -> None:
+def reduce(logging_outputs: Sequence[Dict[str, Any]]) -> None:
     """Log the diagnostics of the batches of a validation (no-op for training logs)."""
 
     def total(key):

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 
@@ -32,7 +33,7 @@ from .checkpoint import (
     read_checkpoint,
     recorded_data_dir,
 )
-from .fileio import OutputError, atomic_path
+from .fileio import OutputError, PathLike, atomic_path
 
 logger = logging.getLogger("seed_fairseq.drop_heads")
 
@@ -108,7 +109,7 @@ def _encoder_features(model, tokens):
     return features
 
 
-def _is_own_output(path) -> bool:
+def _is_own_output(path: PathLike) -> bool:
     """Is ``path`` an encoder-only checkpoint this tool wrote (so it may be replaced)?"""
     try:
         state = peek_checkpoint(path)
@@ -117,7 +118,9 @@ def _is_own_output(path) -> bool:
     return ((state.get("extra_state") or {}).get("seed_fairseq") or {}).get("source") in SOURCES
 
 
-def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
+def write_encoder_checkpoint(
+    checkpoint: PathLike, out: PathLike, data: Optional[PathLike] = None, atol: float = 1e-6
+) -> Path:
     """Load CHECKPOINT (plugin imported), drop the heads, verify, write OUT atomically.
 
     OUT may be replaced only when it is an earlier output of this tool.
@@ -168,7 +171,7 @@ def write_encoder_checkpoint(checkpoint, out, data=None, atol=1e-6):
     return out
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a pre-training checkpoint of the plugin (e.g. checkpoint_last.pt)")

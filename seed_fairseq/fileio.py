@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -121,7 +121,7 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_json_atomic(path: PathLike, obj) -> Path:
+def write_json_atomic(path: PathLike, obj: Any) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 

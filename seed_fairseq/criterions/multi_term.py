@@ -31,7 +31,7 @@ weights dict, automatic logging) with the global-count normalisation added.
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from fairseq import metrics
@@ -94,7 +94,7 @@ class MultiTermCriterion(FairseqCriterion):
     def compute_terms(self, model, sample) -> Dict[str, Term]:
         raise NotImplementedError
 
-    def forward(self, model, sample, reduce=True):
+    def forward(self, model, sample, reduce=True) -> Tuple[torch.Tensor, int, Dict[str, Any]]:
         terms = self.compute_terms(model, sample)
         local = self.task.term_counts(sample)
         unknown = sorted(set(terms) - set(local))

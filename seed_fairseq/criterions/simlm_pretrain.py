@@ -13,13 +13,16 @@ equal the original; a too strong generator drives this down).
 """
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import TYPE_CHECKING, Any, Dict, Tuple
 
 from fairseq import metrics
 from fairseq.criterions import register_criterion
 
 from .multi_term import MultiTermCriterion, Term
 from .vocab_loss import VocabLossConfig, VocabLossMixin
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -60,7 +63,7 @@ class SimLMPretrainCriterion(VocabLossMixin, MultiTermCriterion):
         }
         return terms
 
-    def forward(self, model, sample, reduce=True):
+    def forward(self, model, sample, reduce=True) -> Tuple["torch.Tensor", int, Dict[str, Any]]:
         loss, sample_size, logging_output = super().forward(model, sample, reduce)
         logging_output.update(self._replaced)
         logging_output["predicted_ntokens"] = int(sample["target"].ne(self.padding_idx).sum())

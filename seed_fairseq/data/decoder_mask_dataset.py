@@ -91,10 +91,10 @@ class DecoderMaskDataset(BaseWrapperDataset):
         self.epoch = 0
 
     @property
-    def can_reuse_epoch_itr_across_epochs(self):
+    def can_reuse_epoch_itr_across_epochs(self) -> bool:
         return True  # only the draws change with the epoch, not the sizes
 
-    def set_epoch(self, epoch, **unused):
+    def set_epoch(self, epoch, **unused) -> None:
         super().set_epoch(epoch)
         self.epoch = epoch
 
@@ -111,7 +111,7 @@ class DecoderMaskDataset(BaseWrapperDataset):
             )
         )
 
-    def collater(self, samples):
+    def collater(self, samples) -> torch.Tensor:
         if len(samples) == 0:
             return torch.zeros(0, 0, 0, dtype=torch.bool)
         t = max(s.size(0) for s in samples)

@@ -30,7 +30,7 @@ Each item is a dict:
     batch to fp16/bf16 under ``--fp16``/``--bf16``, which would round ``u``.
 """
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -64,7 +64,9 @@ def unit_ids(tokens: np.ndarray, special: np.ndarray, word_starts: Optional[np.n
     return np.where(maskable, units, -1)
 
 
-def draw_masks(rng: np.random.Generator, units: np.ndarray, enc_prob: float, dec_prob: float):
+def draw_masks(
+    rng: np.random.Generator, units: np.ndarray, enc_prob: float, dec_prob: float
+) -> Tuple[np.ndarray, np.ndarray]:
     """(encoder masked positions, decoder masked positions), decoder ⊇ encoder."""
     n = int(units.max()) + 1 if units.size else 0
     r = rng.random()
@@ -103,10 +105,10 @@ class ReplacedLMNoiseDataset(BaseWrapperDataset):
         self._last = (None, None)
 
     @property
-    def can_reuse_epoch_itr_across_epochs(self):
+    def can_reuse_epoch_itr_across_epochs(self) -> bool:
         return True  # only the noise changes with the epoch, not the sizes
 
-    def set_epoch(self, epoch, **unused):
+    def set_epoch(self, epoch, **unused) -> None:
         super().set_epoch(epoch)
         self.epoch = epoch
 

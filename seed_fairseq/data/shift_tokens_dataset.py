@@ -24,11 +24,11 @@ class ShiftTokensDataset(BaseWrapperDataset):
         return item[1:] if self.drop == "first" else item[:-1]
 
     @property
-    def sizes(self):
+    def sizes(self) -> np.ndarray:
         return self._sizes
 
-    def num_tokens(self, index):
+    def num_tokens(self, index) -> np.integer:
         return self._sizes[index]
 
-    def size(self, index):
+    def size(self, index) -> np.integer:
         return self._sizes[index]

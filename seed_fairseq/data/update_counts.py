@@ -59,13 +59,13 @@ class UpdateCountsEpochBatchIterator:
     def __len__(self):
         return len(self._epoch_iter)
 
-    def update_freq_for_epoch(self, epoch):
+    def update_freq_for_epoch(self, epoch: int) -> int:
         # same rule as fairseq_cli/train.py
         if epoch <= len(self._update_freq):
             return int(self._update_freq[epoch - 1])
         return int(self._update_freq[-1])
 
-    def next_epoch_itr(self, *args, **kwargs):
+    def next_epoch_itr(self, *args, **kwargs) -> iterators.CountingIterator:
         itr = self._epoch_iter.next_epoch_itr(*args, **kwargs)
         group = self.update_freq_for_epoch(self._epoch_iter.epoch)
         return iterators.CountingIterator(_annotate_groups(itr, group, self._count_fn), start=itr.n, total=len(itr))

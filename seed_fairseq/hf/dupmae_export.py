@@ -19,7 +19,7 @@ with its own MLM head (plain logits, plain max), on real text and edge cases.
 """
 
 from pathlib import Path
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -46,7 +46,9 @@ def special_ids(dictionary) -> list:
     return sorted({dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk(), dictionary.index("<mask>")})
 
 
-def check_options(checkpoint, state, model_cfg, dictionary, dim, top_k) -> Tuple[int, int]:
+def check_options(
+    checkpoint, state: dict, model_cfg: dict, dictionary, dim: Optional[int], top_k: Optional[int]
+) -> Tuple[int, int]:
     """(d', k) with their defaults; ValueError naming the option or the checkpoint file."""
     missing = [k for k in LM_HEAD_KEYS.values() if k not in state["model"]]
     if missing:
@@ -89,7 +91,9 @@ def _batches(token_lists, pad: int, size: int = 64):
         yield tokens
 
 
-def build_head(fs_model, state, dictionary, data, max_len, dim: int, top_k: int, activation: str) -> DupMAEHead:
+def build_head(
+    fs_model, state: dict, dictionary, data, max_len: int, dim: int, top_k: int, activation: str
+) -> DupMAEHead:
     """The head: the checkpoint's MLM head + W_cls from the [CLS] vectors of the data."""
     token_lists = _valid_tokens(data, dictionary, max_len, PROJECTION_TEXTS)
     hidden = fs_model.encoder.lm_head.dense.weight.size(1)
@@ -123,7 +127,13 @@ def build_head(fs_model, state, dictionary, data, max_len, dim: int, top_k: int,
     return head.eval()
 
 
-def fairseq_reference(fs_model, input_ids, attention_mask, projection, special: Sequence[int]):
+def fairseq_reference(
+    fs_model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    projection: torch.Tensor,
+    special: Sequence[int],
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(dense, mu) the plain way: the fairseq model's features, its MLM head's full logits, a masked max."""
     with torch.no_grad():
         features, _ = fs_model(input_ids, features_only=True)
@@ -134,13 +144,19 @@ def fairseq_reference(fs_model, input_ids, attention_mask, projection, special: 
         return features[:, 0] @ projection.t(), mu
 
 
-def head_outputs(head: DupMAEHead, token_embeddings, attention_mask, input_ids):
+def head_outputs(
+    head: DupMAEHead, token_embeddings: torch.Tensor, attention_mask: torch.Tensor, input_ids: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         dense = head.cls_projection(token_embeddings[:, 0])
         mu = head.vocabulary_vector(token_embeddings, head.pool_positions(input_ids, attention_mask))
         return dense, mu
 
 
-def max_difference(reference, ours, attention_mask) -> float:
+def max_difference(
+    reference: Tuple[torch.Tensor, torch.Tensor],
+    ours: Tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor,
+) -> float:
     (d_ref, mu_ref), (d_ours, mu_ours) = reference, ours
     return max((d_ref - d_ours).abs().max().item(), (mu_ref - mu_ours).abs().max().item())

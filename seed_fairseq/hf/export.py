@@ -13,18 +13,31 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
 from ..dictionary import dictionary_sha256
-from ..fileio import OutputError, check_output_dir, chmod_tree, replace_dir, temp_dir_beside, write_json_atomic
+from ..fileio import (
+    OutputError,
+    PathLike,
+    check_output_dir,
+    chmod_tree,
+    replace_dir,
+    temp_dir_beside,
+    write_json_atomic,
+)
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .tokenizer import build_tokenizer, fairseq_encode
 from .vocab import RECORD as VOCAB_RECORD
 from .vocab import TOKENIZER_DIR, TokenizerError, fairseq_to_hf_from_record, load_fast_tokenizer, vocab_from_tokenizer
 from .vocab import load_record as load_vocab_record
+
+if TYPE_CHECKING:
+    from fairseq.data import Dictionary
+    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig
 
 logger = logging.getLogger("seed_fairseq.hf")
 
@@ -82,19 +95,19 @@ class SpmTexts:
         self.pad = dictionary.pad()
         self.bos, self.eos = dictionary.bos(), dictionary.eos()
 
-    def reference_ids(self, text, max_len):
+    def reference_ids(self, text: str, max_len: int) -> List[int]:
         return fairseq_encode(text, self.sp, self.dictionary, self.record, max_length=max_len)
 
-    def decode(self, fairseq_ids):
+    def decode(self, fairseq_ids) -> Optional[str]:
         from preprocess.vocab import fairseq_to_spm_id
 
         ids = [fairseq_to_spm_id(int(t)) for t in fairseq_ids if int(t) > 3]
         return self.sp.decode(ids) if ids else None
 
-    def tokenizer(self, max_len):
+    def tokenizer(self, max_len: int) -> "PreTrainedTokenizerFast":
         return build_tokenizer(self.data / "spm.model", self.record, max_len)
 
-    def describe(self):
+    def describe(self) -> str:
         return ", ".join(self.record.get("steps", []))
 
 
@@ -110,19 +123,19 @@ class HFTexts:
         self.pad, self.bos, self.eos = (vocab.fairseq_to_hf[i] for i in (1, 0, 2))
         self.record = {}
 
-    def reference_ids(self, text, max_len):
+    def reference_ids(self, text: str, max_len: int) -> List[int]:
         return self.tok(text, truncation=True, max_length=max_len)["input_ids"]
 
-    def decode(self, fairseq_ids):
+    def decode(self, fairseq_ids) -> Optional[str]:
         ids = [self.fairseq_to_hf[int(t)] for t in fairseq_ids if int(t) > 3]
         return self.tok.decode(ids, skip_special_tokens=True) if ids else None
 
-    def tokenizer(self, max_len):
+    def tokenizer(self, max_len: int) -> "PreTrainedTokenizerFast":
         tok = load_fast_tokenizer(self.data / TOKENIZER_DIR)
         tok.model_max_length = max_len
         return tok
 
-    def describe(self):
+    def describe(self) -> str:
         return f"the model's own tokenizer ({type(self.tok).__name__})"
 
 
@@ -140,7 +153,9 @@ def _hf_texts(data, dictionary, rec):
     return HFTexts(data, tok, vocab)
 
 
-def load_inputs(checkpoint, data):
+def load_inputs(
+    checkpoint: PathLike, data: PathLike
+) -> Tuple[dict, dict, dict, "Dictionary", Union[SpmTexts, HFTexts], Tuple[str, ...]]:
     """Checkpoint, its model config, the data's dictionary and texts (how raw text becomes
     ids), and the state-dict prefixes that are not exported (the pre-training-only modules)."""
     from fairseq.data import Dictionary
@@ -214,7 +229,9 @@ def load_inputs(checkpoint, data):
     return state, cfg, model_cfg, dictionary, SpmTexts(data, dictionary, sp, record_all["normalization"]), dropped
 
 
-def hf_config(model_cfg, vocab_size, with_lm_head, pad=1, bos=0, eos=2):
+def hf_config(
+    model_cfg: dict, vocab_size: int, with_lm_head: bool, pad: int = 1, bos: int = 0, eos: int = 2
+) -> "XLMRobertaConfig":
     from transformers import XLMRobertaConfig
 
     return XLMRobertaConfig(
@@ -257,7 +274,16 @@ def _max_abs_diff(a, b, mask):
     return (a - b).abs()[mask.bool()].max().item()
 
 
-def verify(fairseq_model, hf_model, tokenizer, texts_source, texts, max_len, atol, with_lm_head):
+def verify(
+    fairseq_model,
+    hf_model,
+    tokenizer,
+    texts_source: Union[SpmTexts, HFTexts],
+    texts: List[str],
+    max_len: int,
+    atol: float,
+    with_lm_head: bool,
+) -> float:
     """Token ids and outputs of fairseq vs HF on the same strings; raises ExportError."""
     for text in texts:
         ref = texts_source.reference_ids(text, max_len)
@@ -284,7 +310,9 @@ def verify(fairseq_model, hf_model, tokenizer, texts_source, texts, max_len, ato
     return diff
 
 
-def to_hf_order(hf_state, texts_source, with_lm_head):
+def to_hf_order(
+    hf_state: Dict[str, torch.Tensor], texts_source: Union[SpmTexts, HFTexts], with_lm_head: bool
+) -> Dict[str, torch.Tensor]:
     """Rows in fairseq id order -> the tokenizer's, positions to its padding index."""
     if texts_source.fairseq_to_hf is None:
         return hf_state
@@ -335,7 +363,7 @@ OBJECTIVES = {
 }
 
 
-def describe_objective(cfg, model_cfg) -> tuple:
+def describe_objective(cfg: dict, model_cfg: dict) -> tuple:
     """(title, description, tag) of the checkpoint's pre-training objective."""
     task = (cfg.get("task") or {}).get("_name") or ""
     title, what, tag = OBJECTIVES.get(
@@ -348,7 +376,14 @@ def describe_objective(cfg, model_cfg) -> tuple:
     return title, what, tag
 
 
-def model_card(cfg, model_cfg, state, texts_source, diff, with_lm_head):
+def model_card(
+    cfg: dict,
+    model_cfg: dict,
+    state: dict,
+    texts_source: Union[SpmTexts, HFTexts],
+    diff: float,
+    with_lm_head: bool,
+) -> str:
     t, o = cfg.get("task", {}), cfg.get("optimization", {})
     crit, ds = cfg.get("criterion", {}), cfg.get("dataset", {})
     hist = state.get("optimizer_history") or [{}]
@@ -449,16 +484,16 @@ Masked Auto-Encoder", Eq. 10-12): `dupmae.json` and `dupmae_head.safetensors`, r
 
 
 def export(
-    checkpoint,
-    data,
-    out,
-    force=False,
-    with_lm_head=False,
-    atol=1e-5,
-    representation=None,
-    dupmae_dim=None,
-    dupmae_top_k=None,
-):
+    checkpoint: PathLike,
+    data: PathLike,
+    out: PathLike,
+    force: bool = False,
+    with_lm_head: bool = False,
+    atol: float = 1e-5,
+    representation: Optional[str] = None,
+    dupmae_dim: Optional[int] = None,
+    dupmae_top_k: Optional[int] = None,
+) -> Path:
     """``representation``: ``dupmae`` adds DupMAE's head files (``dupmae_export.py``),
     ``cls`` does not; None: ``dupmae`` for a DupMAE checkpoint exported without the
     MLM head, else ``cls``.  ``dupmae_dim`` (d', default min(384, d)) and

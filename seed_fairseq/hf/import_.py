@@ -21,7 +21,7 @@ import logging
 import shlex
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
@@ -34,10 +34,15 @@ from ..fileio import (
     write_json_atomic,
     write_text_atomic,
 )
-from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, hf_to_fairseq
+from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq
 from .keymap import UnmappedKeyError
 from .vocab import RECORD as VOCAB_RECORD
 from .vocab import TOKENIZER_DIR, TokenizerError, load_fast_tokenizer, vocab_from_tokenizer, write_dict
+
+if TYPE_CHECKING:
+    from fairseq.models import BaseFairseqModel
+    from fairseq.tasks import FairseqTask
+    from omegaconf import DictConfig
 
 logger = logging.getLogger("seed_fairseq.hf")
 
@@ -100,7 +105,7 @@ def read_hf_config(folder: Path) -> dict:
     return cfg
 
 
-def check_architecture(cfg: dict, path: Path):
+def check_architecture(cfg: dict, path: Path) -> Family:
     """The family of a supported HF config, or one clear error saying why not."""
     model_type = cfg.get("model_type")
     if model_type not in FAMILIES:
@@ -149,7 +154,9 @@ def model_args(cfg: dict, max_positions: int) -> List[str]:
     ]
 
 
-def build_fairseq(data_dir: Path, args: List[str], tokens_per_sample: int):
+def build_fairseq(
+    data_dir: Path, args: List[str], tokens_per_sample: int
+) -> Tuple["DictConfig", "FairseqTask", "BaseFairseqModel"]:
     """Task and model as fairseq-train builds them (the plugin's MLM-only encoder)."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf

@@ -15,8 +15,13 @@ fairseq on real strings before anything is written.
 """
 
 import sys
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import sentencepiece as spm
+
+if TYPE_CHECKING:
+    from tokenizers.normalizers import Normalizer
+    from transformers import PreTrainedTokenizerFast
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
 MASK = "<mask>"
@@ -43,7 +48,7 @@ def _char_class(predicate):
     return "[" + "".join(parts) + "]"
 
 
-def normalizer_for(record):
+def normalizer_for(record: dict) -> "Normalizer":
     """tokenizers normaliser equal to preprocess.text.normalize_line under ``record``."""
     from tokenizers import Regex, normalizers
 
@@ -62,7 +67,7 @@ def normalizer_for(record):
     return normalizers.Sequence(steps)
 
 
-def fairseq_vocab(sp):
+def fairseq_vocab(sp: spm.SentencePieceProcessor) -> Dict[str, int]:
     """Piece -> fairseq id, in the XLM-R convention, with <mask> last."""
     vocab = {s: i for i, s in enumerate(SPECIALS)}
     for spm_id in range(3, sp.get_piece_size()):
@@ -71,7 +76,7 @@ def fairseq_vocab(sp):
     return vocab
 
 
-def build_tokenizer(spm_model, record, model_max_length):
+def build_tokenizer(spm_model, record: dict, model_max_length: int) -> "PreTrainedTokenizerFast":
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
     from transformers.tokenization_utils_base import generate_merges
@@ -115,7 +120,9 @@ def build_tokenizer(spm_model, record, model_max_length):
     )
 
 
-def fairseq_encode(text, sp, dictionary, record, max_length=None):
+def fairseq_encode(
+    text: str, sp: spm.SentencePieceProcessor, dictionary, record: dict, max_length: Optional[int] = None
+) -> List[int]:
     """Reference ids: what pre-training did to raw text (normalise, spm, dict, [CLS]...</s>)."""
     from preprocess.text import normalize_line
 

@@ -29,7 +29,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 RECORD = "hf_tokenizer.json"
 RECORD_FORMAT = "seed_fairseq.hf_tokenizer/1"
@@ -62,7 +65,7 @@ def tokenizer_folder(path) -> Path:
     return path
 
 
-def load_fast_tokenizer(path):
+def load_fast_tokenizer(path) -> "PreTrainedTokenizerFast":
     """The folder's own tokenizer through ``AutoTokenizer`` (fast only), offline."""
     path = Path(path)
     if not path.is_dir():

@@ -1,3 +1,5 @@
+from typing import Optional, Type
+
 from .bottleneck import BottleneckEncoderModel  # noqa: F401
 from .cpdae import CpdaeModel  # noqa: F401
 from .retromae import RetroMAEModel  # noqa: F401
@@ -5,7 +7,7 @@ from .seed_encoder import SeedEncoderModel  # noqa: F401
 from .simlm import SimLMModel  # noqa: F401
 
 
-def pretraining_model_class(name: str):
+def pretraining_model_class(name: str) -> Optional[Type[BottleneckEncoderModel]]:
     """The plugin's pre-training model class behind a fairseq model/arch name, or None."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
 

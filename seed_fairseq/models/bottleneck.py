@@ -18,7 +18,7 @@ old RoBERTa naming) and would silently corrupt the checkpoint.
 """
 
 import logging
-from typing import Tuple
+from typing import Dict, Tuple
 
 import torch
 from fairseq.models.roberta import RobertaModel
@@ -48,7 +48,7 @@ class BottleneckEncoderModel(RobertaModel):
     pretraining_only_config_prefixes: Tuple[str, ...] = ()
 
     @staticmethod
-    def add_args(parser):
+    def add_args(parser) -> None:
         """RoBERTa's options plus what every bottleneck model's encoder shares."""
         RobertaModel.add_args(parser)
         parser.add_argument(
@@ -83,14 +83,14 @@ class BottleneckEncoderModel(RobertaModel):
         """(batch, dim): the encoder's last-layer position-0 vector, the bottleneck."""
         return features[:, 0, :]
 
-    def encode(self, src_tokens, return_all_hiddens=False):
+    def encode(self, src_tokens, return_all_hiddens=False) -> Tuple[torch.Tensor, dict]:
         """Last-layer encoder features ``(batch, time, dim)`` and fairseq's extra dict."""
         return self.encoder.extract_features(src_tokens, return_all_hiddens=return_all_hiddens)
 
-    def mlm_logits(self, features, masked_tokens=None):
+    def mlm_logits(self, features, masked_tokens=None) -> torch.Tensor:
         return self.encoder.output_layer(features, masked_tokens=masked_tokens)
 
-    def mlm_hidden(self, features, masked_tokens=None):
+    def mlm_hidden(self, features, masked_tokens=None) -> torch.Tensor:
         """RoBERTa's LM head up to its vocabulary projection (dense, activation, LayerNorm).
 
         ``F.linear(mlm_hidden(f, m), *mlm_projection()) == mlm_logits(f, m)``: a fused
@@ -101,7 +101,7 @@ class BottleneckEncoderModel(RobertaModel):
             features = features[masked_tokens, :]
         return head.layer_norm(head.activation_fn(head.dense(features)))
 
-    def lm_head(self, features, masked_tokens=None, head_inputs=False):
+    def lm_head(self, features, masked_tokens=None, head_inputs=False) -> torch.Tensor:
         """The LM head's logits, or with ``head_inputs`` what its vocabulary projection takes
         (``mlm_hidden``), for a criterion's fused loss (``criterions/vocab_loss.py``)."""
         if head_inputs:
@@ -112,7 +112,7 @@ class BottleneckEncoderModel(RobertaModel):
         """(weight, bias) of the LM head's vocabulary projection (the weight is tied to the token embeddings)."""
         return self.encoder.lm_head.weight, self.encoder.lm_head.bias
 
-    def pretraining_only_modules(self):
+    def pretraining_only_modules(self) -> Dict[str, torch.nn.Module]:
         """name -> module for every declared pre-training-only prefix that exists."""
         return {
             p[:-1]: getattr(self, p[:-1])
@@ -120,7 +120,7 @@ class BottleneckEncoderModel(RobertaModel):
             if getattr(self, p[:-1], None) is not None
         }
 
-    def upgrade_state_dict_named(self, state_dict, name):
+    def upgrade_state_dict_named(self, state_dict, name) -> None:
         prefix = name + "." if name != "" else ""
         embed = state_dict.get(prefix + EMBED_KEY)
         n_symbols = len(self.encoder.dictionary)

@@ -8,6 +8,8 @@ the MLP decoder lives under ``bow_decoder.*``, declared pre-training-only, so
 ``seed-drop-heads`` and the HuggingFace export leave it out.
 """
 
+from typing import Tuple
+
 import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
@@ -37,7 +39,7 @@ class CpdaeModel(BottleneckEncoderModel):
         masked_tokens=None,
         head_inputs=False,
         **kwargs,
-    ):
+    ) -> Tuple[torch.Tensor, dict]:
         """Without ``src_tokens_2`` this is exactly RoBERTa's forward.
 
         With it (pre-training) both views go through the encoder as ONE batch
@@ -69,18 +71,18 @@ class CpdaeModel(BottleneckEncoderModel):
 
 
 @register_model_architecture("cpdae", "cpdae")
-def base_architecture(args):
+def base_architecture(args) -> None:
     """BERT-base encoder (12 x 768, FFN 3072, 12 heads): the paper initialises from BERT-base."""
     roberta_base_architecture(args)
 
 
 @register_model_architecture("cpdae", "cpdae_base")
-def cpdae_base(args):
+def cpdae_base(args) -> None:
     base_architecture(args)
 
 
 @register_model_architecture("cpdae", "cpdae_tiny")
-def cpdae_tiny(args):
+def cpdae_tiny(args) -> None:
     """A small model for tests and CPU demos (encoder 2 x 128, FFN 256, 4 heads)."""
     args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
     args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)

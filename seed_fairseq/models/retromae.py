@@ -12,6 +12,7 @@ head for its predictions; its own layer lives under ``enhanced_decoder.*``
 """
 
 import logging
+from typing import Tuple
 
 import torch
 from fairseq.models import register_model, register_model_architecture
@@ -35,7 +36,7 @@ class RetroMAEModel(BottleneckEncoderModel):
     pretraining_only_config_prefixes = ("decoder_",)
 
     @staticmethod
-    def add_args(parser):
+    def add_args(parser) -> None:
         RobertaModel.add_args(parser)
         parser.add_argument(
             "--decoder-attention-heads", type=int, metavar="H", help="enhanced decoder heads (default: the encoder's)"
@@ -51,7 +52,7 @@ class RetroMAEModel(BottleneckEncoderModel):
         )
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args, task) -> "RetroMAEModel":
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(args):
@@ -65,7 +66,7 @@ class RetroMAEModel(BottleneckEncoderModel):
         super().__init__(args, encoder)  # applies BERT init to the encoder
         self.enhanced_decoder = self.build_enhanced_decoder(args)
 
-    def build_enhanced_decoder(self, args):
+    def build_enhanced_decoder(self, args) -> EnhancedDecoderLayer:
         layer = EnhancedDecoderLayer(
             args.encoder_embed_dim,
             args.decoder_attention_heads,
@@ -80,7 +81,7 @@ class RetroMAEModel(BottleneckEncoderModel):
 
     # -- the two streams -------------------------------------------------------------------
 
-    def decoder_streams(self, cls: torch.Tensor, dec_tokens: torch.Tensor):
+    def decoder_streams(self, cls: torch.Tensor, dec_tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(query, content), each (batch, T, dim), from the [CLS] vector and the unmasked tokens."""
         embed = self.encoder.sentence_encoder
         content, _ = embed.forward_embedding(dec_tokens)  # LN(e_x + p) + dropout, the encoder's own
@@ -118,7 +119,7 @@ class RetroMAEModel(BottleneckEncoderModel):
         bow_positions=None,
         head_inputs=False,
         **kwargs,
-    ):
+    ) -> Tuple[torch.Tensor, dict]:
         """Without ``dec_tokens`` this is exactly RoBERTa's forward.
 
         With them (pre-training) it returns ``(mlm_logits, extra)``:
@@ -154,7 +155,7 @@ class RetroMAEModel(BottleneckEncoderModel):
 
 
 @register_model_architecture("retromae", "retromae")
-def base_architecture(args):
+def base_architecture(args) -> None:
     """BERT-base encoder (12 x 768, FFN 3072, 12 heads) + a 1-layer enhanced decoder of the same width."""
     args.decoder_query_layernorm = safe_getattr(args, "decoder_query_layernorm", False)
     roberta_base_architecture(args)
@@ -163,12 +164,12 @@ def base_architecture(args):
 
 
 @register_model_architecture("retromae", "retromae_base")
-def retromae_base(args):
+def retromae_base(args) -> None:
     base_architecture(args)
 
 
 @register_model_architecture("retromae", "dupmae_base")
-def dupmae_base(args):
+def dupmae_base(args) -> None:
     base_architecture(args)
 
 
@@ -181,12 +182,12 @@ def _tiny(args):
 
 
 @register_model_architecture("retromae", "retromae_tiny")
-def retromae_tiny(args):
+def retromae_tiny(args) -> None:
     """A small model for tests and CPU demos (2 x 128 encoder, 4 heads, 1-layer decoder)."""
     _tiny(args)
 
 
 @register_model_architecture("retromae", "dupmae_tiny")
-def dupmae_tiny(args):
+def dupmae_tiny(args) -> None:
     """A small model for tests and CPU demos (2 x 128 encoder, 4 heads, 1-layer decoder)."""
     _tiny(args)

@@ -9,6 +9,7 @@ weights and onto HuggingFace's RoBERTa classes).  The weak decoder lives under
 
 import argparse
 import logging
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
@@ -18,6 +19,9 @@ from fairseq.utils import safe_getattr
 
 from ..modules.windowed_decoder import FULL, WindowedTransformerDecoder, parse_window
 from .bottleneck import BottleneckEncoderModel, cls_memory
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
     pretraining_only_config_prefixes = ("decoder_",)
 
     @staticmethod
-    def add_args(parser):
+    def add_args(parser) -> None:
         BottleneckEncoderModel.add_args(parser)
         parser.add_argument(
             "--decoder-layers",
@@ -72,7 +76,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
         )
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args, task) -> "SeedEncoderModel":
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(args):
@@ -90,7 +94,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
         super().__init__(args, encoder)  # applies BERT init to the encoder
         self.weak_decoder = self.build_weak_decoder(args, encoder)
 
-    def build_weak_decoder(self, args, encoder):
+    def build_weak_decoder(self, args, encoder) -> Optional[WindowedTransformerDecoder]:
         if args.decoder_layers == 0:
             return None
         dec_args = argparse.Namespace(
@@ -130,7 +134,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
         masked_tokens=None,
         head_inputs=False,
         **kwargs,
-    ):
+    ) -> Tuple["torch.Tensor", dict]:
         """Without ``prev_output_tokens`` this is exactly RoBERTa's forward.
 
         With them (pre-training) it returns ``(mlm_logits, extra)`` where
@@ -176,7 +180,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
 
 
 @register_model_architecture("seed_encoder", "seed_encoder")
-def base_architecture(args):
+def base_architecture(args) -> None:
     """BERT-base encoder (12 heads, as in the released weights) + 3-layer k=2 decoder."""
     args.decoder_layers = safe_getattr(args, "decoder_layers", 3)
     args.decoder_attention_window = safe_getattr(args, "decoder_attention_window", 2)
@@ -187,19 +191,19 @@ def base_architecture(args):
 
 
 @register_model_architecture("seed_encoder", "seed_encoder_base")
-def seed_encoder_base(args):
+def seed_encoder_base(args) -> None:
     base_architecture(args)
 
 
 @register_model_architecture("seed_encoder", "seed_encoder_mlm_only")
-def seed_encoder_mlm_only(args):
+def seed_encoder_mlm_only(args) -> None:
     """Same encoder and data pipeline, no decoder: the MLM-only baseline."""
     args.decoder_layers = safe_getattr(args, "decoder_layers", 0)
     base_architecture(args)
 
 
 @register_model_architecture("seed_encoder", "seed_encoder_tiny")
-def seed_encoder_tiny(args):
+def seed_encoder_tiny(args) -> None:
     """A small model for tests and CPU demos (2 x 128 encoder, 3-layer k=2 decoder)."""
     args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
     args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)

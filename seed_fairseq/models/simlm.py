@@ -19,6 +19,7 @@ encoder alone.  The generator is not part of the model (see ``generator.py``).
 
 import copy
 import logging
+from typing import Tuple
 
 import torch
 from fairseq.models import register_model, register_model_architecture
@@ -41,7 +42,7 @@ class SimLMModel(BottleneckEncoderModel):
     pretraining_only_config_prefixes = ("decoder_",)
 
     @staticmethod
-    def add_args(parser):
+    def add_args(parser) -> None:
         RobertaModel.add_args(parser)
         parser.add_argument(
             "--decoder-layers",
@@ -52,7 +53,7 @@ class SimLMModel(BottleneckEncoderModel):
         )
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args, task) -> "SimLMModel":
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(args):
@@ -102,7 +103,7 @@ class SimLMModel(BottleneckEncoderModel):
         masked_tokens=None,
         head_inputs=False,
         **kwargs,
-    ):
+    ) -> Tuple[torch.Tensor, dict]:
         """Without ``dec_tokens`` this is exactly RoBERTa's forward.
 
         With them (pre-training) it returns ``(encoder logits, extra)`` where
@@ -136,7 +137,7 @@ class SimLMModel(BottleneckEncoderModel):
         extra["decoder_out"] = self.lm_head(dec_features, masked_tokens, head_inputs)
         return self.lm_head(features, masked_tokens, head_inputs), extra
 
-    def upgrade_state_dict_named(self, state_dict, name):
+    def upgrade_state_dict_named(self, state_dict, name) -> None:
         prefix = name + "." if name != "" else ""
         head = prefix + "simlm_decoder."
         if self.simlm_decoder is not None and not any(k.startswith(head) for k in state_dict):
@@ -162,19 +163,19 @@ class SimLMModel(BottleneckEncoderModel):
 
 
 @register_model_architecture("simlm", "simlm")
-def base_architecture(args):
+def base_architecture(args) -> None:
     """BERT-base encoder (12 x 768, 12 heads, 3072 FFN) + a 2-layer decoder."""
     args.decoder_layers = safe_getattr(args, "decoder_layers", 2)
     roberta_base_architecture(args)
 
 
 @register_model_architecture("simlm", "simlm_base")
-def simlm_base(args):
+def simlm_base(args) -> None:
     base_architecture(args)
 
 
 @register_model_architecture("simlm", "simlm_tiny")
-def simlm_tiny(args):
+def simlm_tiny(args) -> None:
     """A small model for tests and CPU demos (2 x 128 encoder, 4 heads; the decoder copies both layers)."""
     args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
     args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)

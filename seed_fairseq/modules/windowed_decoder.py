@@ -22,7 +22,7 @@ encoder only through the single [CLS] memory vector.  For the paper's decoder
 the encoder's [CLS] vector.  ``window="full"`` gives ordinary causal attention.
 """
 
-from typing import Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 from fairseq.models.transformer import TransformerDecoder
@@ -87,14 +87,16 @@ class WindowedTransformerDecoder(TransformerDecoder):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=False)
         self.window = parse_window(window)
 
-    def buffered_future_mask(self, tensor):
+    def buffered_future_mask(self, tensor) -> torch.Tensor:
         dim = tensor.size(0)
         if self._future_mask.size(0) < dim or self._future_mask.device != tensor.device:
             self._future_mask = window_attention_mask(dim, self.window, tensor.device)
         self._future_mask = self._future_mask.to(tensor)
         return self._future_mask[:dim, :dim]
 
-    def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None, *args, **kwargs):
+    def extract_features_scriptable(
+        self, prev_output_tokens, encoder_out, incremental_state=None, *args, **kwargs
+    ) -> Tuple[torch.Tensor, Dict[str, List[Optional[torch.Tensor]]]]:
         if incremental_state is not None and self.window != FULL:
             # fairseq's incremental decoding caches every previous key and
             # would silently widen the window; generation is not a use case of

@@ -26,7 +26,7 @@ queries with ``top_k`` = the vocabulary's selectable size for that reading.)
 
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import scipy.sparse as sp
@@ -46,10 +46,13 @@ from .search import (
     to_run,
 )
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
 REPRESENTATIONS = ("cls", "dupmae")
 
 
-def dupmae_head(model) -> Optional[DupMAEHead]:
+def dupmae_head(model: "SentenceTransformer") -> Optional[DupMAEHead]:
     """The model's DupMAE head (its last module), or None for a [CLS] model."""
     try:
         last = model[len(model) - 1]
@@ -58,12 +61,14 @@ def dupmae_head(model) -> Optional[DupMAEHead]:
     return last if isinstance(last, DupMAEHead) else None
 
 
-def folder_representation(folder) -> str:
+def folder_representation(folder: Union[str, Path]) -> str:
     """What a model folder declares: ``dupmae`` when it holds ``dupmae.json``, else ``cls``."""
     return "dupmae" if has_head(folder) else "cls"
 
 
-def load_dupmae_model(cls_model, folder, sparse_top_k: Optional[int] = None):
+def load_dupmae_model(
+    cls_model: "SentenceTransformer", folder: Union[str, Path], sparse_top_k: Optional[int] = None
+) -> "SentenceTransformer":
     """``cls_model`` (the folder loaded as a [CLS] SentenceTransformer) with the folder's
     DupMAE head in place of the [CLS] pooling; :class:`DataFormatError` naming the file
     when the head is missing or broken."""
@@ -84,7 +89,7 @@ def load_dupmae_model(cls_model, folder, sparse_top_k: Optional[int] = None):
     return SentenceTransformer(modules=[cls_model[0], head], device=str(cls_model.device))
 
 
-def save_model(model, folder) -> None:
+def save_model(model: "SentenceTransformer", folder: Union[str, Path]) -> None:
     """Save a model as a standard sentence-transformers folder; a DupMAE model keeps its
     [CLS]-pooling layout (readable without this package) plus the two head files."""
     head = dupmae_head(model)
@@ -111,7 +116,7 @@ def _preprocess(model, texts):
 
 
 def encode_dupmae(
-    model,
+    model: "SentenceTransformer",
     texts: Sequence[str],
     batch_size: int = 64,
     precision: str = "fp32",
@@ -268,7 +273,7 @@ class DupMAERetriever:
 
     def __init__(
         self,
-        model,
+        model: "SentenceTransformer",
         corpus: Dict[str, str],
         batch_size: int = 64,
         precision: str = "fp32",

@@ -7,15 +7,18 @@ finetune.py: a sentence-transformers model with [CLS] pooling.  The metrics
 (MRR@10, R@100, R@1000, nDCG@10) are printed as one JSON object on the last line.
 """
 
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
 from .data import RetrievalData
 from .metrics import evaluate
 from .search import make_retriever
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
 
 def evaluate_model(
-    model,
+    model: "SentenceTransformer",
     data: RetrievalData,
     k: int = 1000,
     batch_size: int = 64,

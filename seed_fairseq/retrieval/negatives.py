@@ -16,6 +16,8 @@ from .data import RetrievalData
 from .search import make_retriever
 
 if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
     from .training import FinetuneConfig
 
 
@@ -26,7 +28,7 @@ def mine_bm25(data: RetrievalData, qids: Sequence[str], k: int) -> Dict[str, Lis
 
 
 def mine_dense(
-    model, data: RetrievalData, qids: Sequence[str], k: int, cfg: "FinetuneConfig", **index_kw
+    model: "SentenceTransformer", data: RetrievalData, qids: Sequence[str], k: int, cfg: "FinetuneConfig", **index_kw
 ) -> Dict[str, List[str]]:
     retriever = make_retriever(
         model,

@@ -9,13 +9,18 @@ import copy
 import sys
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import faiss
 import numpy as np
 import torch
 
 from .data import DataFormatError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from .dupmae import DupMAERetriever
 
 # Named presets for ``--index``; anything else is passed to faiss.index_factory.
 INDEX_PRESETS = {
@@ -42,7 +47,7 @@ def pick_device(device: Optional[str] = None) -> str:
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
-def autocast(device: str, precision: str):
+def autocast(device: str, precision: str) -> ContextManager:
     """The autocast context of ``precision`` on ``device``.
 
     CUDA: fp16 / bf16 autocast. CPU: bf16 autocast (matmuls in bfloat16, which CPUs
@@ -58,7 +63,7 @@ def autocast(device: str, precision: str):
     return torch.autocast("cuda", dtype=dtype)
 
 
-def quantized_int8(model):
+def quantized_int8(model: "SentenceTransformer") -> "SentenceTransformer":
     """A copy of ``model`` whose Linear layers are dynamically quantised to int8 (CPU only).
 
     ``torch.ao.quantization.quantize_dynamic``: int8 weights, activations quantised
@@ -84,7 +89,7 @@ def load_model(
     max_seq_length: Optional[int] = None,
     representation: Optional[str] = None,
     sparse_top_k: Optional[int] = None,
-):
+) -> "SentenceTransformer":
     """A SentenceTransformer from a local folder; a bad folder is a :class:`DataFormatError`.
 
     Only local folders: sentence-transformers would look a missing path up on
@@ -136,7 +141,7 @@ def load_model(
     return model
 
 
-def position_limit(model) -> Optional[int]:
+def position_limit(model: "SentenceTransformer") -> Optional[int]:
     """Tokens the model's position embeddings can take (None if unknown).
 
     RoBERTa / XLM-R position ids start after the padding index, so they lose
@@ -154,7 +159,7 @@ def position_limit(model) -> Optional[int]:
     return n if n > 0 else None
 
 
-def length_order(model, texts: Sequence[str]) -> np.ndarray:
+def length_order(model: "SentenceTransformer", texts: Sequence[str]) -> np.ndarray:
     """Indices of ``texts`` from the most to the fewest tokens (ties: input order).
 
     Batches of similar lengths waste little on padding. Token counts come from the
@@ -183,7 +188,7 @@ def _features(model, texts: List[str]) -> dict:
 
 
 def encode(
-    model,
+    model: "SentenceTransformer",
     texts: Sequence[str],
     batch_size: int = 64,
     precision: str = "fp32",
@@ -236,7 +241,7 @@ def build_index(
     hnsw_m: int = 32,
     nprobe: int = 32,
     ef_search: int = 128,
-):
+) -> faiss.Index:
     """An inner-product faiss index over ``emb``; trains IVF/PQ on ``emb`` itself.
 
     Raises :class:`SearchError` for an empty ``emb`` (faiss would fail an
@@ -271,7 +276,7 @@ def _faiss_message(e: Exception) -> str:
     return useful[0] if useful else type(e).__name__
 
 
-def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, hnsw_m: int = 32):
+def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, hnsw_m: int = 32) -> faiss.Index:
     """An empty, untrained inner-product index; :class:`SearchError` for a spec faiss refuses.
 
     Cheap, so callers check ``--index`` with it before encoding a corpus.
@@ -289,7 +294,7 @@ def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, 
         ) from None
 
 
-def search(index, queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
+def search(index: faiss.Index, queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
     """(scores, ids), each (n_queries, k'); k' = min(k, index size)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -313,7 +318,9 @@ def to_run(
     return run
 
 
-def make_retriever(model, corpus: Dict[str, str], **kwargs):
+def make_retriever(
+    model: "SentenceTransformer", corpus: Dict[str, str], **kwargs
+) -> Union["DenseRetriever", "DupMAERetriever"]:
     """The retriever of the model's representation: :class:`DenseRetriever` ([CLS]) or
     ``dupmae.DupMAERetriever`` (same arguments and ``retrieve``)."""
     from .dupmae import DupMAERetriever, dupmae_head
@@ -326,7 +333,7 @@ class DenseRetriever:
 
     def __init__(
         self,
-        model,
+        model: "SentenceTransformer",
         corpus: Dict[str, str],
         batch_size: int = 64,
         precision: str = "fp32",

@@ -56,7 +56,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -68,6 +68,9 @@ from .dupmae import dupmae_head, save_model
 from .evaluate import evaluate_model
 from .negatives import mine_bm25, mine_dense, negatives_per_query
 from .search import load_model
+
+if TYPE_CHECKING:
+    from sentence_transformers import InputExample, SentenceTransformer
 
 CURVE_METRICS = ("MRR@10", "R@100", "nDCG@10")
 TOOL = "examples/retrieval/finetune.py"
@@ -293,7 +296,7 @@ class CurveEvaluator:
         )
         return self.evaluate_at(model, step)
 
-    def evaluate_at(self, model, step: int) -> float:
+    def evaluate_at(self, model: "SentenceTransformer", step: int) -> float:
         if step == self.last_step:
             return self.history[-1]["MRR@10"]
         metrics, _ = evaluate_model(
@@ -404,7 +407,7 @@ def build_examples(
     negatives: Optional[Dict[str, List[str]]],
     cfg: FinetuneConfig,
     rng: random.Random,
-):
+) -> List["InputExample"]:
     """InputExamples: (query, positive, hard negatives...) for MNRL, one
     (query, positive, negative) triplet per negative for the triplet loss.
 
@@ -432,7 +435,7 @@ def build_examples(
     return examples
 
 
-def make_loss(model, cfg: FinetuneConfig):
+def make_loss(model: "SentenceTransformer", cfg: FinetuneConfig) -> torch.nn.Module:
     from sentence_transformers import util
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss, TripletLoss
 
@@ -441,14 +444,14 @@ def make_loss(model, cfg: FinetuneConfig):
     return MultipleNegativesRankingLoss(model, scale=cfg.scale, similarity_fct=util.dot_score)
 
 
-def seed_everything(seed: int):
+def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
 def finetune(
-    model,
+    model: "SentenceTransformer",
     train: RetrievalData,
     cfg: FinetuneConfig,
     dev: Optional[RetrievalData] = None,

@@ -27,7 +27,7 @@ masking from sentencepiece's word-start marker, the global-count lookahead of
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -129,7 +129,7 @@ class BottleneckPretrainTask(MaskedLMTask):
         self.dictionary_sha256 = dictionary_sha256(self.dict_path)
 
     @classmethod
-    def load_dict(cls, cfg):
+    def load_dict(cls, cfg) -> Dictionary:
         paths = utils.split_paths(cfg.data)
         if not paths:
             raise ValueError("no data directory given")
@@ -147,16 +147,16 @@ class BottleneckPretrainTask(MaskedLMTask):
 
     # -- the dictionary identity travels with every checkpoint (task_state) ------------
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, str]:
         return {DICTIONARY_SHA256: self.dictionary_sha256}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict) -> None:
         """Called by fairseq's ``load_model_ensemble`` with the checkpoint's task state
         (the tools that read whole checkpoints call ``check_checkpoint`` themselves)."""
         if state_dict and state_dict.get(DICTIONARY_SHA256):
             self.check_checkpoint({"task_state": state_dict}, "the checkpoint")
 
-    def check_checkpoint(self, state, filename):
+    def check_checkpoint(self, state, filename) -> None:
         """Refuse a checkpoint trained with another dictionary (size or symbols)."""
         check_dictionary(
             state, filename, self.dict_path, len(self.source_dictionary), allow_change=self.cfg.allow_dictionary_change
@@ -194,7 +194,9 @@ class BottleneckPretrainTask(MaskedLMTask):
             raise empty
         return dataset
 
-    def mask_view(self, blocks: FairseqDataset, seed: int, mask_prob: float = None):
+    def mask_view(
+        self, blocks: FairseqDataset, seed: int, mask_prob: float = None
+    ) -> Tuple[FairseqDataset, FairseqDataset]:
         """(masked tokens, MLM target) of ``blocks`` with the task's masking options;
         another ``seed`` gives an independently masked view of the same blocks."""
         return MaskTokensDataset.apply_mask(
@@ -223,7 +225,7 @@ class BottleneckPretrainTask(MaskedLMTask):
         by the batch iterator, all-reduced by the criterion)."""
         return {"mlm": sample["target"].ne(self.source_dictionary.pad()).sum()}
 
-    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs) -> None:
         blocks = self._load_dataset_split(split, epoch, combine)  # [CLS] x1 .. xn, unmasked
         self.unmasked_blocks[split] = blocks
         pad = self.source_dictionary.pad()
@@ -251,7 +253,7 @@ class BottleneckPretrainTask(MaskedLMTask):
             sort_order=[shuffle, src_dataset.sizes],
         )
 
-    def get_batch_iterator(self, dataset, *args, **kwargs):
+    def get_batch_iterator(self, dataset, *args, **kwargs) -> UpdateCountsEpochBatchIterator:
         epoch_iter = super().get_batch_iterator(dataset, *args, **kwargs)
         try:
             update_freq = [int(u) for u in self.cfg.update_freq]  # a ListConfig in fairseq-train
@@ -259,7 +261,9 @@ class BottleneckPretrainTask(MaskedLMTask):
             update_freq = [1]  # the task built outside fairseq-train: no interpolation
         return UpdateCountsEpochBatchIterator(epoch_iter, update_freq, self.term_counts)
 
-    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+    def train_step(
+        self, sample, model, criterion, optimizer, update_num, ignore_grad=False
+    ) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
         if ignore_grad and UPDATE_COUNTS in sample:
             # fairseq's dummy batch (a copy of an earlier one, used when this
             # worker ran out of data) must not add to the update's counts.
@@ -269,11 +273,11 @@ class BottleneckPretrainTask(MaskedLMTask):
 
     # -- diagnostics at validation (seed_fairseq/diagnostics.py) ------------------------------
 
-    def begin_valid_epoch(self, epoch, model):
+    def begin_valid_epoch(self, epoch, model) -> None:
         super().begin_valid_epoch(epoch, model)
         self._probe_pending = self.cfg.retrieval_probe_size > 0  # once per validation
 
-    def valid_step(self, sample, model, criterion):
+    def valid_step(self, sample, model, criterion) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
         loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
         if self.cfg.no_diagnostics or not sample:
             return loss, sample_size, logging_output
@@ -289,6 +293,6 @@ class BottleneckPretrainTask(MaskedLMTask):
                 logging_output.update(probe or {})
         return loss, sample_size, logging_output
 
-    def reduce_metrics(self, logging_outputs, criterion):
+    def reduce_metrics(self, logging_outputs, criterion) -> None:
         super().reduce_metrics(logging_outputs, criterion)
         diagnostics.reduce(logging_outputs)

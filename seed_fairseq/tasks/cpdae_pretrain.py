@@ -16,7 +16,7 @@ resumed run sees the same ones.
 """
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Any, Dict, Tuple
 
 import torch
 from fairseq.data import RightPadDataset
@@ -63,7 +63,9 @@ class CpdaePretrainTask(BottleneckPretrainTask):
             "cl": views.clone(),
         }
 
-    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+    def train_step(
+        self, sample, model, criterion, optimizer, update_num, ignore_grad=False
+    ) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
         if ignore_grad:
             sample = dict(sample)
             sample[DUMMY_BATCH] = True

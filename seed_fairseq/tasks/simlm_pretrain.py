@@ -18,7 +18,7 @@ fill the masks (``replaced_inputs``) and trains encoder and decoder to predict
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import torch
 from fairseq.data import RightPadDataset
@@ -28,6 +28,11 @@ from ..checkpoint import CheckpointError
 from ..data.replaced_lm_dataset import FieldDataset, ReplacedLMNoiseDataset
 from ..models.simlm import SimLMModel
 from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
+
+if TYPE_CHECKING:
+    from fairseq.criterions import FairseqCriterion
+
+    from ..generator import FrozenGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +103,7 @@ class SimLMPretrainTask(BottleneckPretrainTask):
 
     # -- data -----------------------------------------------------------------------------
 
-    def mask_view(self, blocks, seed: int, mask_prob: float = None):
+    def mask_view(self, blocks, seed: int, mask_prob: float = None) -> Tuple[FieldDataset, FieldDataset]:
         """(encoder view: <mask> at the encoder's masked set, RLM target); the view carries
         the joint draw (``.joint``) from which ``extra_inputs`` takes the decoder's side."""
         if mask_prob is not None:
@@ -131,14 +136,14 @@ class SimLMPretrainTask(BottleneckPretrainTask):
 
     # -- the generator --------------------------------------------------------------------
 
-    def load_generator(self):
+    def load_generator(self) -> "FrozenGenerator":
         if self.generator is None:
             from ..generator import FrozenGenerator
 
             self.generator = FrozenGenerator.load(self.cfg.generator_path, self)
         return self.generator
 
-    def build_criterion(self, cfg, from_checkpoint=False):
+    def build_criterion(self, cfg, from_checkpoint=False) -> "FairseqCriterion":
         # Only training and validation compute the loss; tools that load a
         # SimLM checkpoint to export or drop heads never need the generator.
         self.load_generator()
@@ -156,13 +161,13 @@ class SimLMPretrainTask(BottleneckPretrainTask):
 
     # -- the generator identity travels with every checkpoint -----------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, str]:
         state = super().state_dict()
         if self.generator is not None:
             state.update({GENERATOR_PATH: self.generator.path, GENERATOR_SHA256: self.generator.sha256})
         return state
 
-    def check_checkpoint(self, state, filename):
+    def check_checkpoint(self, state, filename) -> None:
         super().check_checkpoint(state, filename)
         recorded = (state.get("task_state") or {}).get(GENERATOR_SHA256)
         if self.generator is None or recorded is None:
