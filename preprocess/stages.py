@@ -69,11 +69,15 @@ class Runner:
     """Runs ``stages`` in order in ``work``, reusing the ones whose fingerprint is unchanged.
 
     ``external`` maps the names of things that are not stages (``"inputs"``)
-    to their fingerprints.
+    to their fingerprints.  ``state_dir`` is where the ``.done``/``.started``
+    records go (default: ``work`` itself).
     """
 
-    def __init__(self, work: Path, stages: Sequence[Stage], external: Mapping[str, str]):
+    def __init__(
+        self, work: Path, stages: Sequence[Stage], external: Mapping[str, str], state_dir: Optional[Path] = None
+    ):
         self.work = Path(work)
+        self.state_dir = Path(state_dir) if state_dir is not None else self.work
         self.stages = list(stages)
         fps = dict(external)
         for stage in self.stages:
@@ -91,10 +95,13 @@ class Runner:
         self.fingerprints: Dict[str, str] = fps
 
     def marker(self, name: str) -> Path:
-        return self.work / f"{name}.done"
+        return self.state_dir / f"{name}.done"
 
-    def _started(self, name: str) -> Path:
-        return self.work / f"{name}.started"
+    def started_marker(self, name: str) -> Path:
+        """The record naming the fingerprint a stage's folder was started with."""
+        return self.state_dir / f"{name}.started"
+
+    _started = started_marker
 
     def finished_result(self, stage: Stage) -> Optional[Dict[str, Any]]:
         """The marker of ``stage`` if it was finished with today's fingerprint, else None."""

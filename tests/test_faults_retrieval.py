@@ -559,21 +559,25 @@ def test_reproduce_refuses_a_foreign_out(tmp_path):
 
 
 def test_reproduce_deletes_only_what_it_wrote(tmp_path):
-    """The pre-training stage used to delete every *.pt in OUT/pretrain/M before
-    training; a checkpoint it did not write there is now refused, not deleted."""
+    """A stage folder of the comparison holding files no stage of it started is
+    someone else's: refused, not emptied.  An output of the script's first version
+    (reproduce_small.json, another layout) is refused as a whole."""
     out = tmp_path / "run"
-    (out / "logs").mkdir(parents=True)
-    (out / "logs" / "data.log").write_text("")  # a folder of the script's layout, before its record
-    (out / "data-bin").mkdir()
-    (out / "data-bin" / "preprocess.json").write_text("{}")  # data stage done
-    keep = out / "pretrain" / "seed" / "best_model_ever.pt"
+    out.mkdir()
+    (out / "compare.json").write_text(json.dumps({"tool": "seed_fairseq.compare"}))  # our folder
+    keep = out / "pretrain" / "seed" / "s1" / "best_model_ever.pt"
     keep.parent.mkdir(parents=True)
     keep.write_bytes(b"weights")
     proc = tool("reproduce_small.py", "--out", out, "--models", "seed")
-    assert_refused(proc, out / "pretrain" / "seed")
+    assert_refused(proc, out / "pretrain" / "seed" / "s1")
     assert keep.read_bytes() == b"weights"
-    assert json.loads((out / "reproduce_small.json").read_text())["tool"] == "examples/reproduce_small.py"
-    assert not [p for p in os.listdir(out / "pretrain") if p.startswith(".")]
+    assert sorted(os.listdir(out)) == [".lock", "compare.json", "pretrain"]
+    old = tmp_path / "old"
+    (old / "pretrain" / "seed").mkdir(parents=True)
+    (old / "reproduce_small.json").write_text(json.dumps({"tool": "examples/reproduce_small.py"}))
+    before = listing(tmp_path)
+    assert_refused(tool("reproduce_small.py", "--out", old), old)
+    assert listing(tmp_path) == before
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,257 @@
+"""The objectives the comparison runs, as ``fairseq-train`` arguments over ONE encoder.
+
+Every objective gets the same encoder options (``--encoder-*`` from the preset, or
+an imported model's ``model_args.txt``), data, blocks, optimiser, schedule, update
+count and seed; only the task, criterion, architecture (its pre-training heads)
+and the objective's own settings (its paper's masking rates, loss weights) differ.
+The architectures are the ``*_base`` ones: with the encoder sizes given
+explicitly, their decoders follow the encoder's width, as in the papers.
+
+CPDAE encodes two masked views of every text, so it gets half the texts per
+update (``texts_per_update_factor``): the encoder then sees the same number of
+tokens per update as every other objective.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    label: str
+    task: str
+    criterion: str
+    arch: str
+    # the objective's own settings (its paper's defaults are the task's defaults)
+    extra: Tuple[str, ...] = ()
+    # texts per update relative to the others (CPDAE: 2 views per text -> 1/2)
+    texts_per_update_factor: float = 1.0
+    # representations evaluated: [CLS], and DupMAE's own dense + sparse one
+    representations: Tuple[str, ...] = ("cls",)
+    needs_generator: bool = False
+    notes: str = ""
+
+
+OBJECTIVES: Dict[str, ObjectiveSpec] = {
+    o.name: o
+    for o in [
+        ObjectiveSpec(
+            "seed",
+            "SEED-Encoder (weak decoder, k=2)",
+            "seed_pretrain",
+            "seed_pretrain",
+            "seed_encoder_base",
+            notes="MLM 15% + 3-layer decoder with attention window 2 over the unmasked text; 0.5/0.5 weights",
+        ),
+        ObjectiveSpec(
+            "full",
+            "SEED, full-attention decoder",
+            "seed_pretrain",
+            "seed_pretrain",
+            "seed_encoder_base",
+            ("--decoder-attention-window", "full"),
+            notes="the paper's strong-decoder ablation: the same decoder with full causal attention",
+        ),
+        ObjectiveSpec(
+            "mlm",
+            "MLM only",
+            "seed_pretrain",
+            "seed_pretrain",
+            "seed_encoder_mlm_only",
+            ("--mlm-weight", "1.0"),
+            notes="the BERT baseline on the identical pipeline (MLM 15%, weight 1)",
+        ),
+        ObjectiveSpec(
+            "retromae",
+            "RetroMAE",
+            "retromae_pretrain",
+            "retromae_pretrain",
+            "retromae_base",
+            notes="encoder masking 30% whole words + 1-layer enhanced decoder (50% per-row masks)",
+        ),
+        ObjectiveSpec(
+            "dupmae",
+            "DupMAE",
+            "dupmae_pretrain",
+            "dupmae_pretrain",
+            "dupmae_base",
+            representations=("dupmae", "cls"),
+            notes="RetroMAE + bag-of-words term (weight 1, the paper's); evaluated with its dense+sparse "
+            "representation and with [CLS] alone",
+        ),
+        ObjectiveSpec(
+            "simlm",
+            "SimLM",
+            "simlm_pretrain",
+            "simlm_pretrain",
+            "simlm_base",
+            needs_generator=True,
+            notes="replaced LM with a frozen generator (30% / 50%), 2-layer decoder copied from the encoder",
+        ),
+        ObjectiveSpec(
+            "cpdae",
+            "CPDAE",
+            "cpdae_pretrain",
+            "cpdae_pretrain",
+            "cpdae_base",
+            texts_per_update_factor=0.5,
+            notes="MLM on two views + bag-of-words MLP decoder + JS contrast (lambda 0.1); half the texts "
+            "per update (two views each)",
+        ),
+    ]
+}
+ORDER = tuple(OBJECTIVES)
+BASELINE = "mlm"
+
+
+@dataclass(frozen=True)
+class EvalModel:
+    """One evaluated row: an objective's model with one representation."""
+
+    objective: str
+    representation: str
+
+    @property
+    def key(self) -> str:
+        # an objective evaluated one way is its name; DupMAE's two rows are dupmae+dupmae and dupmae+cls
+        if len(OBJECTIVES[self.objective].representations) == 1:
+            return self.objective
+        return f"{self.objective}+{self.representation}"
+
+    @property
+    def label(self) -> str:
+        spec = OBJECTIVES[self.objective]
+        if len(spec.representations) == 1:
+            return spec.label
+        return f"{spec.label} ({'dense+sparse' if self.representation == 'dupmae' else '[CLS] only'})"
+
+
+def eval_models(objectives: List[str]) -> List[EvalModel]:
+    return [EvalModel(o, r) for o in objectives for r in OBJECTIVES[o].representations]
+
+
+def parse_objectives(text: str) -> List[str]:
+    """``seed,mlm`` -> ['seed', 'mlm'] in the given order; ValueError names the unknown ones."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in OBJECTIVES]
+    if unknown:
+        raise ValueError(f"--objectives: unknown {', '.join(unknown)}; choose from {','.join(ORDER)}")
+    if not names:
+        raise ValueError(f"--objectives: none given; choose from {','.join(ORDER)}")
+    if len(set(names)) != len(names):
+        raise ValueError("--objectives: an objective is listed twice")
+    return names
+
+
+@dataclass
+class PretrainSettings:
+    """What every objective's pre-training shares (the identical budget)."""
+
+    encoder_args: List[str]
+    tokens_per_sample: int
+    batch_size: int  # texts per process per step for a one-view objective
+    update_freq: int
+    updates: int
+    warmup: int
+    lr: float
+    validate_every: int
+    probe_size: int
+    fairseq_args: List[str] = field(default_factory=list)
+    gpu: bool = False
+    save_every: int = 0
+
+    def batch_for(self, spec: ObjectiveSpec) -> int:
+        b = self.batch_size * spec.texts_per_update_factor
+        if b != int(b) or b < 1:
+            raise ValueError(
+                f"--batch-size {self.batch_size}: {spec.name} needs {spec.texts_per_update_factor} x it to be a "
+                "whole number of texts (two views each); use an even --batch-size"
+            )
+        return int(b)
+
+
+def common_args(s: PretrainSettings) -> List[str]:
+    """The fairseq-train options shared by every objective and by the generator."""
+    return [
+        "--tokens-per-sample",
+        str(s.tokens_per_sample),
+        "--sample-break-mode",
+        "complete",
+        "--update-freq",
+        str(s.update_freq),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9,0.999)",
+        "--adam-eps",
+        "1e-6",
+        "--weight-decay",
+        "0.01",
+        "--lr",
+        str(s.lr),
+        "--lr-scheduler",
+        "polynomial_decay",
+        "--warmup-updates",
+        str(s.warmup),
+        "--total-num-update",
+        str(s.updates),
+        "--max-update",
+        str(s.updates),
+        "--clip-norm",
+        "1.0",
+        "--dropout",
+        "0.1",
+        "--attention-dropout",
+        "0.1",
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "10",
+        "--num-workers",
+        "0",
+        *([] if s.gpu else ["--cpu"]),
+    ]
+
+
+def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generator: str = None) -> List[str]:
+    """fairseq-train arguments (after DATA) of one objective's pre-training run."""
+    if spec.needs_generator and not generator:
+        raise ValueError(f"{spec.name} needs a generator checkpoint")
+    # validation (and its diagnostics) every validate_every updates only, not also at every epoch end
+    # of a small corpus; checkpoints at the same updates (fairseq validates at every mid-epoch save)
+    validation = (
+        [
+            "--validate-interval-updates",
+            str(s.validate_every),
+            "--validate-interval",
+            "1000000",
+            "--retrieval-probe-size",
+            str(s.probe_size),
+        ]
+        if s.validate_every
+        else ["--disable-validation"]
+    )
+    return [
+        "--task",
+        spec.task,
+        "--criterion",
+        spec.criterion,
+        "--arch",
+        spec.arch,
+        *s.encoder_args,
+        *spec.extra,
+        *(["--generator-path", str(generator)] if spec.needs_generator else []),
+        "--batch-size",
+        str(s.batch_for(spec)),
+        *common_args(s),
+        *validation,
+        "--save-interval-updates",
+        str(s.validate_every or s.save_every),
+        "--keep-interval-updates",
+        "1",
+        "--seed",
+        str(seed),
+        *s.fairseq_args,
+    ]

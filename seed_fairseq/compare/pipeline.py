@@ -1,0 +1,492 @@
+"""The comparison as resumable stages (``preprocess.stages.Runner``) inside one ``--out`` folder.
+
+    import        OUT/import/             --init HF_DIR only: the imported encoder
+    data          OUT/data-bin/           preprocess.build (the model's tokenizer with --init)
+    retrieval     OUT/retrieval/          the retrieval set derived from the corpus (unless given)
+    bm25          OUT/bm25/               BM25 run on the test split
+    generator     OUT/generator/          SimLM's generator (seed_encoder_mlm_only, small encoder)
+    flops         -                       FLOPs per update of every objective (counted, flops.py)
+    pretrain-O-sS OUT/pretrain/O/sS/      fairseq-train of objective O with seed S (log: train.log)
+    export-O-sS   OUT/hf/O/sS/            examples/export_to_hf.py's export
+    eval-O-sS     OUT/eval/O/sS/          [CLS] cosine by length, zero-shot and few-shot fine-tuned runs
+    report        OUT/results.md, results.json, *.png
+
+Each stage's fingerprint covers the options it reads and the stages it reads, so a
+rerun redoes exactly what changed; stage records live in ``OUT/.stages``.  A stage
+killed half-way resumes with what it finished (fairseq-train from its
+``checkpoint_last.pt``, the evaluation run by run).
+"""
+
+import fcntl
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from preprocess.stages import Runner, Stage
+
+from ..fileio import OutputError, check_output_dir, write_json_atomic
+from ..retrieval.training import FinetuneConfig
+from .objectives import OBJECTIVES, PretrainSettings, common_args, eval_models, objective_args
+
+TOOL = "seed_fairseq.compare"
+RECORD = "compare.json"  # the tool's record in --out: the folder is its own
+STATE = ".stages"
+
+
+class StageError(Exception):
+    """A stage failed in a way the user can act on; ``str()`` is ``PATH: problem``."""
+
+    def __init__(self, path, problem: str, detail: str = ""):
+        self.path, self.problem, self.detail = str(path), problem, detail
+        super().__init__(f"{self.path}: {problem}")
+
+
+def log(msg: str) -> None:
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Plan:
+    """Everything a run does, resolved from the flags and the preset."""
+
+    out: Path
+    objectives: List[str]
+    seeds: List[int]
+    corpus: Path
+    init: Optional[Path]
+    vocab_size: int
+    valid_docs: int
+    pretrain: PretrainSettings
+    generator_args: List[str]
+    generator_updates: int
+    retrieval_data: Optional[Path]
+    retrieval_docs: int
+    train_split: str
+    test_split: str
+    finetune: FinetuneConfig
+    fractions: List[float]
+    max_seq_length: int
+    k: int
+    resamples: int
+    cos_lengths: List[int]
+    cos_pairs: int
+    threads: int
+    command: str
+    preset: str
+    settings: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.pretrain.gpu else "cpu"
+
+
+# ---------------------------------------------------------------------------
+# --out: the tool's own folder
+# ---------------------------------------------------------------------------
+
+
+def is_own_record(path: Path) -> bool:
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("tool") == TOOL
+
+
+def claim_out(out: Path) -> None:
+    """Make ``out`` this tool's folder (new or empty: create the record; with the
+    record: an earlier run, resumed) or refuse with :class:`OutputError`."""
+    if check_output_dir(out, RECORD, "the comparison (examples/compare_objectives.py)", is_own=is_own_record):
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / RECORD, {"tool": TOOL, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def lock_out(out: Path) -> int:
+    """An exclusive lock on ``out``: two runs must not train into the same folders."""
+    fd = os.open(out / ".lock", os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OutputError(out, "another comparison is running in this folder") from None
+    return fd
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+def fairseq_bin(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool = False) -> None:
+    """Run a command-line tool with its output in ``log_file``; :class:`StageError` with its tail on failure."""
+    cmd = [str(c) for c in cmd]
+    log(" ".join(shlex.quote(c) for c in cmd))
+    with open(log_file, "a" if append else "w", encoding="utf-8") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        tail = log_file.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise StageError(log_file, f"{Path(cmd[0]).name} failed (exit {proc.returncode}); see this log", tail)
+
+
+def file_fingerprint(path: Path) -> str:
+    """Content identity of a file (sha256), or of a folder (names, sizes and mtimes of its files)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    if path.is_file():
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def corpus_documents(path: Path) -> List[List[str]]:
+    """Documents (lists of paragraphs) of a text in the project's format."""
+    text = path.read_text(encoding="utf-8")
+    return [[p.strip() for p in d.splitlines() if p.strip()] for d in text.split("\n\n") if d.strip()]
+
+
+def sample_documents(docs: List[List[str]], limit: int, seed: int) -> List[List[str]]:
+    """At most ``limit`` documents (0: all), a seeded choice kept in corpus order."""
+    if not limit or limit >= len(docs):
+        return docs
+    keep = set(random.Random(seed).sample(range(len(docs)), limit))
+    return [d for i, d in enumerate(docs) if i in keep]
+
+
+def run_name(obj: str, seed: int) -> str:
+    return f"{obj}-s{seed}"
+
+
+# ---------------------------------------------------------------------------
+# the pipeline
+# ---------------------------------------------------------------------------
+
+
+class Comparison:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.out = plan.out
+        self.env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(plan.threads),
+            PYTHONWARNINGS="ignore",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
+        # fairseq-train must import this checkout's plugin and preprocess package
+        root = str(Path(__file__).resolve().parents[2])
+        self.env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+    # ---- paths ----
+    @property
+    def data_bin(self) -> Path:
+        return self.out / "data-bin"
+
+    @property
+    def retrieval_dir(self) -> Path:
+        return self.plan.retrieval_data or self.out / "retrieval"
+
+    def pretrain_dir(self, obj: str, seed: int) -> Path:
+        return self.out / "pretrain" / obj / f"s{seed}"
+
+    def hf_dir(self, obj: str, seed: int) -> Path:
+        return self.out / "hf" / obj / f"s{seed}"
+
+    def eval_dir(self, obj: str, seed: int) -> Path:
+        return self.out / "eval" / obj / f"s{seed}"
+
+    def generator_checkpoint(self) -> Path:
+        return self.out / "generator" / "checkpoint_last.pt"
+
+    def init_args(self) -> List[str]:
+        """With --init: the imported encoder's sizes, and the checkpoint to start from (once:
+        --finetune-from-model loads it only when the run has no checkpoint of its own yet)."""
+        if not self.plan.init:
+            return []
+        from ..hf.import_ import read_model_args
+
+        imported = self.out / "import"
+        return [*(read_model_args(imported) or []), "--finetune-from-model", str(imported / "checkpoint.pt")]
+
+    def settings_for_objectives(self) -> PretrainSettings:
+        s = self.plan.pretrain
+        if self.plan.init:  # the imported model's own encoder sizes replace the preset's
+            return replace(s, encoder_args=[], fairseq_args=[*s.fairseq_args, *self.init_args()])
+        return s
+
+    def train_args(self, obj: str, seed: int) -> List[str]:
+        gen = str(self.generator_checkpoint()) if OBJECTIVES[obj].needs_generator else None
+        return objective_args(OBJECTIVES[obj], self.settings_for_objectives(), seed, gen)
+
+    def generator_train_args(self) -> List[str]:
+        s = self.plan.pretrain
+        gs = replace(s, updates=self.plan.generator_updates, warmup=min(s.warmup, self.plan.generator_updates // 10))
+        model = shlex.split(" ".join(self.init_args()[:-2])) if self.plan.init else []
+        return [
+            "--task",
+            "seed_pretrain",
+            "--criterion",
+            "seed_pretrain",
+            "--arch",
+            "seed_encoder_mlm_only",
+            "--mlm-weight",
+            "1.0",
+            *model,  # with --init: the imported model's options (positions, activation, ...)
+            *self.plan.generator_args,
+            "--batch-size",
+            str(s.batch_size),
+            *common_args(gs),
+            "--disable-validation",
+            "--seed",
+            "1",
+            *s.fairseq_args,
+        ]
+
+    # ---- stages ----
+    def stages(self) -> List[Stage]:
+        p = self.plan
+        st: List[Stage] = []
+        data_reads = ["corpus"]
+        if p.init:
+            st.append(Stage("import", self.stage_import, {"init": str(p.init)}, reads=("init",), folder="import"))
+            data_reads.append("import")
+        st.append(
+            Stage(
+                "data",
+                self.stage_data,
+                {
+                    "vocab_size": None if p.init else p.vocab_size,
+                    "valid_docs": p.valid_docs,
+                    "tps": p.pretrain.tokens_per_sample,
+                },
+                reads=tuple(data_reads),
+                folder="data-bin",
+            )
+        )
+        if p.retrieval_data is None:
+            st.append(
+                Stage(
+                    "retrieval", self.stage_retrieval, {"docs": p.retrieval_docs}, reads=("corpus",), folder="retrieval"
+                )
+            )
+            rreads = ("retrieval",)
+        else:
+            rreads = ("retrieval_data",)
+        st.append(Stage("bm25", self.stage_bm25, {"k": p.k, "split": p.test_split}, reads=rreads, folder="bm25"))
+        needs_gen = any(OBJECTIVES[o].needs_generator for o in p.objectives)
+        if needs_gen:
+            st.append(
+                Stage(
+                    "generator",
+                    self.stage_generator,
+                    {"args": self.generator_train_args()},
+                    reads=("data",),
+                    folder="generator",
+                )
+            )
+        flops_reads = ("data", "generator") if needs_gen else ("data",)
+        st.append(
+            Stage(
+                "flops",
+                self.stage_flops,
+                {o: self.train_args(o, p.seeds[0]) for o in p.objectives},
+                reads=flops_reads,
+            )
+        )
+        ft = {k: v for k, v in asdict(p.finetune).items() if k not in ("show_progress", "seed", "train_fraction")}
+        eval_options = {
+            "finetune": ft,
+            "fractions": p.fractions,
+            "max_seq_length": p.max_seq_length,
+            "k": p.k,
+            "splits": [p.train_split, p.test_split],
+            "cos": [p.cos_lengths, p.cos_pairs],
+        }
+        for o in p.objectives:
+            for s in p.seeds:
+                name = run_name(o, s)
+                preads = ("data", "generator") if OBJECTIVES[o].needs_generator else ("data",)
+                st.append(
+                    Stage(
+                        f"pretrain-{name}",
+                        lambda r, o=o, s=s: self.stage_pretrain(o, s),
+                        {"args": self.train_args(o, s)},
+                        reads=preads,
+                        folder=f"pretrain/{o}/s{s}",
+                    )
+                )
+                st.append(
+                    Stage(
+                        f"export-{name}",
+                        lambda r, o=o, s=s: self.stage_export(o, s),
+                        reads=(f"pretrain-{name}",),
+                        folder=f"hf/{o}/s{s}",
+                    )
+                )
+                st.append(
+                    Stage(
+                        f"eval-{name}",
+                        lambda r, o=o, s=s: self.stage_eval(o, s),
+                        {**eval_options, "seed": s},
+                        reads=(f"export-{name}", *rreads),
+                        folder=f"eval/{o}/s{s}",
+                    )
+                )
+        return st
+
+    def external(self) -> Dict[str, str]:
+        p = self.plan
+        ext = {"corpus": file_fingerprint(p.corpus)}
+        if p.init:
+            ext["init"] = file_fingerprint(p.init)
+        if p.retrieval_data is not None:
+            ext["retrieval_data"] = file_fingerprint(p.retrieval_data)
+        return ext
+
+    def runner(self) -> Runner:
+        return Runner(self.out, self.stages(), self.external(), state_dir=self.out / STATE)
+
+    def check_foreign(self, runner: Runner) -> None:
+        """A stage folder that holds files but that no stage of this tool started is
+        someone else's: refuse instead of emptying it."""
+        for stage in runner.stages:
+            if stage.folder is None:
+                continue
+            folder = self.out / stage.folder
+            if folder.is_dir() and any(folder.iterdir()) and not runner.started_marker(stage.name).exists():
+                raise OutputError(
+                    folder,
+                    "holds files this tool did not write there (no stage record for it); move them away or "
+                    "choose another --out",
+                )
+
+    def run(self) -> Dict[str, Any]:
+        runner = self.runner()
+        self.check_foreign(runner)
+        results = runner.run()
+        from .report import write_report
+
+        return write_report(self, results)
+
+    # ---- stage bodies (each returns a JSON result with its wall time) ----
+    def stage_import(self, results) -> dict:
+        from ..hf.import_ import import_model
+
+        t0 = time.time()
+        import_model(self.plan.init, self.out / "import", force=True)
+        return {"seconds": time.time() - t0}
+
+    def stage_data(self, results) -> dict:
+        from preprocess.build import build
+
+        p, t0 = self.plan, time.time()
+        options = dict(
+            valid_docs=p.valid_docs,
+            test_docs=0,
+            workers=max(1, min(2, p.threads)),
+            seed=1,
+            max_line_pieces=p.pretrain.tokens_per_sample - 2,
+        )
+        if p.init:
+            options["tokenizer"] = str(self.out / "import")
+        else:
+            options["vocab_size"] = p.vocab_size
+        build(self.data_bin, text=[p.corpus], **options)
+        return {"seconds": time.time() - t0}
+
+    def stage_retrieval(self, results) -> dict:
+        from ..retrieval.data import derive_retrieval_set
+
+        p, t0 = self.plan, time.time()
+        docs = sample_documents(corpus_documents(p.corpus), p.retrieval_docs, seed=1)
+        source = self.out / "retrieval" / "source.txt"
+        source.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
+        stats = derive_retrieval_set(source, self.out / "retrieval", seed=1)
+        return {"seconds": time.time() - t0, **asdict(stats)}
+
+    def stage_bm25(self, results) -> dict:
+        from ..retrieval.bm25 import BM25
+        from ..retrieval.data import load_data
+        from ..retrieval.metrics import write_trec_run
+
+        t0 = time.time()
+        test = load_data(self.retrieval_dir, self.plan.test_split)
+        run = BM25(test.corpus).retrieve({q: test.queries[q] for q in test.query_ids()}, k=self.plan.k)
+        write_trec_run(run, self.out / "bm25" / "test.trec", tag="bm25")
+        return {"seconds": time.time() - t0}
+
+    def stage_generator(self, results) -> dict:
+        t0 = time.time()
+        folder = self.out / "generator"
+        cmd = [fairseq_bin("fairseq-train"), self.data_bin, "--user-dir", USER_DIR, *self.generator_train_args()]
+        run_logged([*cmd, "--save-dir", folder], folder / "train.log", self.env, append=True)
+        return {"seconds": time.time() - t0}
+
+    def stage_flops(self, results) -> dict:
+        from .flops import count_update_flops
+
+        t0 = time.time()
+        out = {}
+        for o in self.plan.objectives:
+            counts = count_update_flops(self.data_bin, self.train_args(o, self.plan.seeds[0]))
+            out[o] = {**counts, "total": counts["per_update"] * self.plan.pretrain.updates}
+        if "generator" in results:
+            counts = count_update_flops(self.data_bin, self.generator_train_args())
+            out["generator"] = {**counts, "total": counts["per_update"] * self.plan.generator_updates}
+        return {"seconds": time.time() - t0, "counts": out}
+
+    def stage_pretrain(self, obj: str, seed: int) -> dict:
+        folder = self.pretrain_dir(obj, seed)
+        cmd = [fairseq_bin("fairseq-train"), self.data_bin, "--user-dir", USER_DIR, *self.train_args(obj, seed)]
+        attempts = folder / "attempts.json"
+        earlier = json.loads(attempts.read_text()) if attempts.is_file() else []
+        t0 = time.time()
+        log(f"pre-training {obj} (seed {seed}); log: {folder / 'train.log'}")
+        run_logged([*cmd, "--save-dir", folder], folder / "train.log", self.env, append=True)
+        earlier.append(time.time() - t0)
+        write_json_atomic(attempts, earlier)
+        return {"seconds": sum(earlier), "attempts": len(earlier)}
+
+    def stage_export(self, obj: str, seed: int) -> dict:
+        from ..hf.export import ExportError, export
+
+        t0 = time.time()
+        out = self.hf_dir(obj, seed)
+        try:
+            export(self.pretrain_dir(obj, seed) / "checkpoint_last.pt", self.data_bin, out, force=True)
+        except ExportError as e:
+            raise StageError(out, f"export failed: {e}") from None
+        return {"seconds": time.time() - t0}
+
+    def stage_eval(self, obj: str, seed: int) -> dict:
+        from .evaluation import evaluate_run
+
+        t0 = time.time()
+        evaluate_run(self, obj, seed)
+        return {"seconds": time.time() - t0}
+
+
+USER_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def eval_keys(plan: Plan) -> List[str]:
+    return [m.key for m in eval_models(plan.objectives)]
