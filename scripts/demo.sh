@@ -27,7 +27,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   --max-update "$UPDATES" --validate-interval-updates 100 --save-interval-updates 100 \
   --keep-interval-updates 1 --no-epoch-checkpoints --skip-invalid-size-inputs-valid-test \
   --save-dir "$OUT/checkpoints" --tensorboard-logdir "$OUT/tensorboard" \
-  --log-format simple --log-interval 50 --cpu --seed 1
+  --log-format simple --log-interval 50 --cpu --flush-denormal --seed 1
 
 .venv/bin/seed-drop-heads "$OUT/checkpoints/checkpoint_last.pt" "$OUT/encoder.pt"
 echo "done: checkpoints in $OUT/checkpoints, encoder-only RoBERTa checkpoint $OUT/encoder.pt, tensorboard logs in $OUT/tensorboard"

@@ -208,6 +208,10 @@ def main(argv: Optional[List[str]] = None, prog: str = "examples/compare_objecti
         plan = build_plan(args, argv, prog)
     except (ValueError, OutputError) as e:
         return report(e)
+    if not args.gpu:  # fine-tuning and encoding in this process: as --flush-denormal in pre-training
+        import torch
+
+        torch.set_flush_denormal(True)
     try:
         # everything that can be refused was checked before --out is created or touched
         claim_out(plan.out)

@@ -211,7 +211,8 @@ def common_args(s: PretrainSettings) -> List[str]:
         "10",
         "--num-workers",
         "0",
-        *([] if s.gpu else ["--cpu"]),
+        # CPU: denormal flush (the Adam moments of rare vocabulary rows; see --flush-denormal of the tasks)
+        *([] if s.gpu else ["--cpu", "--flush-denormal"]),
     ]
 
 

@@ -97,6 +97,14 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "bottleneck term, [CLS] anisotropy, the retrieval probe)"
         },
     )
+    flush_denormal: bool = field(
+        default=False,
+        metadata={
+            "help": "flush denormal floats to zero on the CPU (torch.set_flush_denormal): Adam's second moments "
+            "of rarely seen vocabulary rows sink into the denormal range, where CPUs compute many times slower "
+            "(GPUs do not); the update is unchanged in practice (a denormal second moment is far below --adam-eps)"
+        },
+    )
     retrieval_probe_size: int = field(
         default=0,
         metadata={
@@ -123,6 +131,8 @@ class BottleneckPretrainTask(MaskedLMTask):
         if cfg.retrieval_probe_size < 0:
             raise ValueError(f"--retrieval-probe-size must be >= 0, got {cfg.retrieval_probe_size}")
         super().__init__(cfg, dictionary)
+        if cfg.flush_denormal and not torch.set_flush_denormal(True):
+            logger.warning("--flush-denormal: this CPU cannot flush denormals (no SSE3); computing with them")
         self.unmasked_blocks = {}  # split -> [CLS] x1 .. xn, for the retrieval probe
         self._probe_pending = False
         self.dict_path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
