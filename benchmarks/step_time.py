@@ -276,7 +276,7 @@ def run_worker(setup, args, data, log_dir):
     raise RuntimeError(f"{setup} worker failed ({proc.returncode}):\n{log.read_text()[-6000:]}")
 
 
-def train_generator(data, out, arch_size, threads):
+def train_generator(data, out, arch_size, threads, tokens_per_sample):
     """SimLM's frozen generator: a 1-update masked LM in the generator's shape (its cost, not its quality)."""
     layers, dim, ffn, heads = GENERATOR_SHAPES[arch_size]
     cmd = [
@@ -300,7 +300,7 @@ def train_generator(data, out, arch_size, threads):
         "--encoder-attention-heads",
         str(heads),
         "--tokens-per-sample",
-        "128",
+        str(tokens_per_sample),  # the generator's positions must cover SimLM's blocks
         "--batch-size",
         "2",
         "--optimizer",
@@ -331,7 +331,9 @@ def run(args, setups):
         args.data = str(data)
         print(f"binarized {Path(args.corpus).name} in {time.perf_counter() - t:.1f}s", flush=True)
         if "simlm" in setups:
-            args.generator = str(train_generator(data, Path(tmp) / "generator", args.arch_size, args.threads))
+            args.generator = str(
+                train_generator(data, Path(tmp) / "generator", args.arch_size, args.threads, args.tokens_per_sample)
+            )
         results = {}
         for r in range(args.rounds):
             for setup in setups if r % 2 == 0 else setups[::-1]:
