@@ -570,7 +570,9 @@ def export(
             from sentence_transformers import SentenceTransformer, models
 
             word = models.Transformer(str(staging), max_seq_length=max_len)
-            pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="cls")
+            # sentence-transformers >= 5 renamed get_word_embedding_dimension (the old name warns)
+            dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
+            pooling = models.Pooling(dim(), pooling_mode="cls")
             SentenceTransformer(modules=[word, pooling], device="cpu").save(str(staging))
         card = model_card(cfg, model_cfg, state, src, diff, with_lm_head)
         if head is not None:
