@@ -144,3 +144,12 @@ class BottleneckEncoderModel(RobertaModel):
                     for k, v in module.state_dict().items():
                         state_dict[head + k] = v
         super().upgrade_state_dict_named(state_dict, name)
+
+
+def tiny_encoder(args) -> None:
+    """The encoder of every ``*_tiny`` architecture (tests and CPU demos): 2 x 128, FFN 256, 4 heads;
+    anything set on the command line wins."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)

@@ -13,10 +13,9 @@ from typing import Tuple
 import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
-from fairseq.utils import safe_getattr
 
 from ..modules.bow_decoder import BowMLPDecoder
-from .bottleneck import BottleneckEncoderModel
+from .bottleneck import BottleneckEncoderModel, tiny_encoder
 
 
 @register_model("cpdae")
@@ -84,8 +83,5 @@ def cpdae_base(args) -> None:
 @register_model_architecture("cpdae", "cpdae_tiny")
 def cpdae_tiny(args) -> None:
     """A small model for tests and CPU demos (encoder 2 x 128, FFN 256, 4 heads)."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    tiny_encoder(args)
     base_architecture(args)

@@ -23,7 +23,7 @@ from fairseq.utils import safe_getattr
 
 from ..modules.enhanced_decoder import EnhancedDecoderLayer
 from ..modules.vocab_pool import vocab_max_pool
-from .bottleneck import BottleneckEncoderModel
+from .bottleneck import BottleneckEncoderModel, tiny_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -174,10 +174,7 @@ def dupmae_base(args) -> None:
 
 
 def _tiny(args):
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    tiny_encoder(args)
     base_architecture(args)
 
 

@@ -18,7 +18,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
 from ..modules.windowed_decoder import FULL, WindowedTransformerDecoder, parse_window
-from .bottleneck import BottleneckEncoderModel, cls_memory
+from .bottleneck import BottleneckEncoderModel, cls_memory, tiny_encoder
 
 if TYPE_CHECKING:
     import torch
@@ -205,10 +205,7 @@ def seed_encoder_mlm_only(args) -> None:
 @register_model_architecture("seed_encoder", "seed_encoder_tiny")
 def seed_encoder_tiny(args) -> None:
     """A small model for tests and CPU demos (2 x 128 encoder, 3-layer k=2 decoder)."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    tiny_encoder(args)
     base_architecture(args)
 
 

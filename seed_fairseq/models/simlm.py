@@ -27,7 +27,7 @@ from fairseq.models.roberta import RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.utils import safe_getattr
 
-from .bottleneck import BottleneckEncoderModel
+from .bottleneck import BottleneckEncoderModel, tiny_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +177,5 @@ def simlm_base(args) -> None:
 @register_model_architecture("simlm", "simlm_tiny")
 def simlm_tiny(args) -> None:
     """A small model for tests and CPU demos (2 x 128 encoder, 4 heads; the decoder copies both layers)."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 256)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    tiny_encoder(args)
     base_architecture(args)
