@@ -132,10 +132,20 @@ def table(results):
             (
                 "decoder time per token, 512 / 128 tokens",
                 f"{fmt(d['2']['ratio_512_128'])} (k=2)",
-                f"{fmt(d['full']['ratio_512_128'])} with fairseq's causal attention",
+                f"{fmt(d['full']['ratio_512_128'])} with fairseq's causal attention"
+                + (f"; {fmt(d['2-masked']['ratio_512_128'])} with k=2 masked" if "2-masked" in d else ""),
                 cmd,
             )
         )
+        if "banded_vs_masked_512" in d:
+            rows.append(
+                (
+                    "decoder CPU time at 512 tokens, k=2 banded / masked",
+                    fmt(d["banded_vs_masked_512"]),
+                    "the same window computed on the 1 + k allowed keys vs fairseq's masked n x n attention",
+                    cmd,
+                )
+            )
     if results.get("preprocess"):
         r, cmd = results["preprocess"]
         w = r["workers"]

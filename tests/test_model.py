@@ -168,6 +168,51 @@ def test_decoder_receptive_field(odd_dict_dir, window, layers):
                 assert diff[t] == 0, (p, t)  # outside or later: not even rounding noise
 
 
+@pytest.mark.parametrize("window", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5), (torch.bfloat16, 6e-2)])
+def test_banded_window_attention_equals_fairseqs_masked_attention(odd_dict_dir, window, dtype, tol):
+    """The banded computation (default) against fairseq's masked attention: outputs and every
+    gradient, with pads at the end of a row, a row shorter than the window and odd sizes."""
+    _, model, _, _ = build_task_model(
+        odd_dict_dir, "--decoder-attention-window", str(window), "--dropout", "0", "--attention-dropout", "0"
+    )
+    dec = model.weak_decoder.to(dtype).train()
+    assert dec.banded and all(layer.self_attn.banded for layer in dec.layers)
+    torch.manual_seed(3)
+    prev = torch.randint(4, 98, (3, 13))
+    prev[:, 0] = 0
+    prev[1, 9:] = dec.padding_idx
+    prev[2, 2:] = dec.padding_idx  # 2 real tokens: shorter than every window but 1
+    memory = cls_memory(torch.randn(3, 5, 32, dtype=dtype))
+
+    def run(banded):
+        dec.banded = banded
+        dec.zero_grad(set_to_none=True)
+        out = dec(prev, encoder_out=memory)[0]
+        (out.float() * torch.linspace(-1, 1, out.size(-1))).sum().backward()
+        return out.detach().float(), {n: p.grad.float() for n, p in dec.named_parameters() if p.grad is not None}
+
+    ref_out, ref_grads = run(False)
+    out, grads = run(True)
+    assert torch.allclose(out, ref_out, atol=tol, rtol=tol), (out - ref_out).abs().max()
+    assert grads.keys() == ref_grads.keys() and any("self_attn.k_proj" in n for n in grads)
+    for n, g in grads.items():
+        scale = ref_grads[n].abs().max().clamp(min=1)
+        assert ((g - ref_grads[n]).abs().max() / scale) <= tol, n
+
+
+def test_banded_attention_memory_is_linear_in_the_window():
+    """No (n x n) tensor: the probabilities the banded attention saves are (n x (1 + k))."""
+    from seed_fairseq.modules.windowed_decoder import banded_attention
+
+    q, k, v = (torch.randn(2, 3, 50, 8, requires_grad=True) for _ in range(3))
+    shapes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+        banded_attention(q, k, v, 2, None, lambda x: x).sum().backward()
+    assert shapes and all(50 * 50 not in (s[-2] * s[-1] if len(s) >= 2 else 0,) for s in shapes)
+    assert (2, 3, 50, 3) in shapes  # the probabilities: [CLS] + 2 window slots
+
+
 def test_full_window_is_plain_causal_attention(odd_dict_dir):
     _, model, _, _ = build_task_model(
         odd_dict_dir,
