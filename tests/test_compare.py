@@ -11,6 +11,7 @@ redoes nothing.
 import json
 import math
 import sys
+from dataclasses import replace
 
 import pytest
 from helpers import DEMO_CORPUS, REPO, check, load_driver
@@ -112,6 +113,18 @@ def test_every_objective_gets_the_same_encoder_and_schedule():
     assert _value(runs["mlm"], "--mlm-weight") == "1.0"
     with pytest.raises(ValueError, match="even --batch-size"):
         objective_args(OBJECTIVES["cpdae"], _settings(batch=7), 1)
+
+
+def test_flops_stage_does_not_depend_on_the_schedule_length():
+    """A new --updates (or warm-up) keeps the counted FLOPs per update: the stage is not redone."""
+    from seed_fairseq.compare.objectives import per_update_args
+
+    short, long = (
+        per_update_args(objective_args(OBJECTIVES["seed"], replace(_settings(), updates=u, warmup=u // 10), 1))
+        for u in (10, 500)
+    )
+    assert short == long and "--max-update" not in short and "--warmup-updates" not in short
+    assert _value(short, "--batch-size") == "8" and "--lr" in short  # what an update computes stays
 
 
 def test_parse_objectives():

@@ -171,6 +171,29 @@ class PretrainSettings:
         return int(b)
 
 
+# fairseq-train options that set the schedule's lengths and intervals, not what one update computes
+SCHEDULE_OPTIONS = (
+    "--warmup-updates",
+    "--total-num-update",
+    "--max-update",
+    "--validate-interval-updates",
+    "--save-interval-updates",
+)
+
+
+def per_update_args(args: List[str]) -> List[str]:
+    """``args`` without the schedule options (each followed by its value): what a FLOPs count depends on."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in SCHEDULE_OPTIONS:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
 def common_args(s: PretrainSettings) -> List[str]:
     """The fairseq-train options shared by every objective and by the generator."""
     return [

@@ -33,7 +33,7 @@ from preprocess.stages import Runner, Stage
 
 from ..fileio import OutputError, check_output_dir, write_json_atomic
 from ..retrieval.training import FinetuneConfig
-from .objectives import OBJECTIVES, PretrainSettings, common_args, eval_models, objective_args
+from .objectives import OBJECTIVES, PretrainSettings, common_args, eval_models, objective_args, per_update_args
 
 TOOL = "seed_fairseq.compare"
 RECORD = "compare.json"  # the tool's record in --out: the folder is its own
@@ -308,7 +308,8 @@ class Comparison:
             Stage(
                 "flops",
                 self.stage_flops,
-                {o: self.train_args(o, p.seeds[0]) for o in p.objectives},
+                # per update: the schedule's lengths do not change it (a new --updates keeps this stage)
+                {o: per_update_args(self.train_args(o, p.seeds[0])) for o in p.objectives},
                 reads=flops_reads,
             )
         )
@@ -447,12 +448,10 @@ class Comparison:
         t0 = time.time()
         out = {}
         for o in self.plan.objectives:
-            counts = count_update_flops(self.data_bin, self.train_args(o, self.plan.seeds[0]))
-            out[o] = {**counts, "total": counts["per_update"] * self.plan.pretrain.updates}
+            out[o] = count_update_flops(self.data_bin, self.train_args(o, self.plan.seeds[0]))
         if "generator" in results:
-            counts = count_update_flops(self.data_bin, self.generator_train_args())
-            out["generator"] = {**counts, "total": counts["per_update"] * self.plan.generator_updates}
-        return {"seconds": time.time() - t0, "counts": out}
+            out["generator"] = count_update_flops(self.data_bin, self.generator_train_args())
+        return {"seconds": time.time() - t0, "counts": out}  # totals: x updates, in the report
 
     def stage_pretrain(self, obj: str, seed: int) -> dict:
         folder = self.pretrain_dir(obj, seed)

@@ -57,6 +57,11 @@ def p_values(pq_a, pq_b, resamples: int, seed: int) -> Dict[str, float]:
     return {m: paired_p([s[m] for s in pq_a], [s[m] for s in pq_b], resamples, seed) for m in METRICS}
 
 
+def _with_total(counts: Optional[dict], updates: int) -> Optional[dict]:
+    """The FLOPs stage's per-update counts plus ``total`` = per update x ``updates`` (of this run)."""
+    return None if counts is None else {**counts, "total": counts["per_update"] * updates}
+
+
 def _flops(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.3g}"
 
@@ -129,7 +134,7 @@ def collect(comp, results: Mapping[str, Any]) -> Dict[str, Any]:
             "train_args": comp.train_args(o, p.seeds[0]),
             "batch_size": p.pretrain.batch_for(OBJECTIVES[o]),
             "pretrain_seconds": mean_std([results[f"pretrain-{run_name(o, s)}"]["seconds"] for s in p.seeds]),
-            "flops": flops.get(o),
+            "flops": _with_total(flops.get(o), p.pretrain.updates),
             "diagnostics": {k: mean_std([f[k] for f in finals]) for k in keys},
         }
     stage_seconds = {k: v.get("seconds") for k, v in results.items() if isinstance(v, dict) and "seconds" in v}
@@ -146,7 +151,10 @@ def collect(comp, results: Mapping[str, Any]) -> Dict[str, Any]:
         "bm25": bm25,
         "models": models,
         "objectives": objectives,
-        "generator": {"flops": flops.get("generator"), "seconds": results.get("generator", {}).get("seconds")},
+        "generator": {
+            "flops": _with_total(flops.get("generator"), p.generator_updates),
+            "seconds": results.get("generator", {}).get("seconds"),
+        },
         "stage_seconds": stage_seconds,
         "curves": curves,
     }
