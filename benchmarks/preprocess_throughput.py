@@ -109,6 +109,20 @@ def dump_xml_mb(path):
             n += len(block)
 
 
+def parser_ceiling(dump):
+    """Wall seconds of reading the dump's pages and running mwparserfromhell's C tokenizer on
+    each, nothing else: what any extractor built on that parser needs at least (1 process)."""
+    from mwparserfromhell.parser import Parser
+
+    from preprocess.wiki import iter_pages
+
+    tokenize = Parser()._tokenizer.tokenize
+    t = time.perf_counter()
+    for page in iter_pages(dump, {}):
+        tokenize(page, 0, False)
+    return time.perf_counter() - t
+
+
 def leftovers(text):
     low = text.lower()
     counts = {tok: low.count(tok) for tok in LEFTOVERS}
@@ -206,6 +220,7 @@ def main(argv=None):
                 lambda w=w: extract([("wiki", args.wiki)], corpus, {"lowercase": True, "nfkc": True}, w, False, {})
             )
             rows.append({"stage": "extract", "workers": w, "wall_s": wall, "cpu_s": cpu, "mb": xml_mb})
+        res["parser_ceiling_mbps"] = xml_mb / parser_ceiling(args.wiki)
         ours_text = corpus.read_text(encoding="utf-8")
         res["extract_leftovers"] = leftovers(ours_text)
         res["extract_documents"] = totals["documents"]
@@ -279,6 +294,12 @@ def main(argv=None):
                 res[f"extract_vs_wikiextractor_{w}"] = ours["mbps"] / theirs["mbps"]
                 ratio = res[f"extract_vs_wikiextractor_{w}"]
                 print(f"extraction throughput ours / WikiExtractor at {w} worker(s): {ratio:.2f}")
+            theirs = next(r for r in rows if r["stage"] == "wikiextractor" and r["workers"] == 1)
+            res["parser_ceiling_vs_wikiextractor"] = res["parser_ceiling_mbps"] / theirs["mbps"]
+            print(
+                f"XML + mwparserfromhell's tokenizer alone (the ceiling of a parser-based extractor, 1 process): "
+                f"{res['parser_ceiling_mbps']:.2f} MB/s = {res['parser_ceiling_vs_wikiextractor']:.2f} x WikiExtractor"
+            )
         else:
             print(f"WikiExtractor: skipped ({res['wikiextractor_skipped']})")
 

@@ -188,6 +188,15 @@ def table(results):
                         cmd,
                     )
                 )
+            if "parser_ceiling_vs_wikiextractor" in r:
+                rows.append(
+                    (
+                        "extraction ceiling: XML + mwparserfromhell's tokenizer alone / WikiExtractor, 1 worker",
+                        fmt(r["parser_ceiling_vs_wikiextractor"]),
+                        f"{r['parser_ceiling_mbps']:.2f} MB/s; what any extractor on this parser needs at least",
+                        cmd,
+                    )
+                )
             rows.append(
                 (
                     "markup leftovers, ours / WikiExtractor",
