@@ -57,6 +57,13 @@ class SeedEncoderModel(BottleneckEncoderModel):
             "position 0 (paper: 2); 'full' = ordinary causal attention",
         )
         parser.add_argument(
+            "--decoder-attention-impl",
+            choices=("banded", "masked"),
+            help="how a restricted window is computed: banded (default; only the 1 + k allowed scores "
+            "per query) or masked (fairseq's n x n attention with a mask: the same values, and the "
+            "random stream of attention dropout of seed_fairseq 0.1, for a bit-identical resume of its runs)",
+        )
+        parser.add_argument(
             "--decoder-attention-heads",
             type=int,
             metavar="H",
@@ -120,6 +127,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
         # BERT initialisation for everything the decoder owns; the shared token
         # table (and the output projection tied to it) stays as the encoder set
         # it, padding row included.
+        decoder.banded = safe_getattr(args, "decoder_attention_impl", "banded") == "banded"
         decoder.layers.apply(init_bert_params)
         decoder.embed_positions.apply(init_bert_params)
         return decoder
@@ -185,6 +193,7 @@ def base_architecture(args) -> None:
     args.decoder_layers = safe_getattr(args, "decoder_layers", 3)
     args.decoder_attention_window = safe_getattr(args, "decoder_attention_window", 2)
     args.decoder_scale_embedding = safe_getattr(args, "decoder_scale_embedding", False)
+    args.decoder_attention_impl = safe_getattr(args, "decoder_attention_impl", "banded")
     roberta_base_architecture(args)
     args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
