@@ -567,12 +567,17 @@ def export(
         hf_model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         if not with_lm_head:
-            from sentence_transformers import SentenceTransformer, models
+            from sentence_transformers import SentenceTransformer
 
-            word = models.Transformer(str(staging), max_seq_length=max_len)
+            try:  # sentence-transformers >= 6; importing sentence_transformers.models warns there
+                from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+            except ImportError:  # 3.x - 5.x
+                from sentence_transformers.models import Pooling, Transformer
+
+            word = Transformer(str(staging), max_seq_length=max_len)
             # sentence-transformers >= 5 renamed get_word_embedding_dimension (the old name warns)
             dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
-            pooling = models.Pooling(dim(), pooling_mode="cls")
+            pooling = Pooling(dim(), pooling_mode="cls")
             SentenceTransformer(modules=[word, pooling], device="cpu").save(str(staging))
         card = model_card(cfg, model_cfg, state, src, diff, with_lm_head)
         if head is not None:
