@@ -8,7 +8,7 @@ standard  all objectives, 2 seeds, the Linux kernel and Python documentation
           from Debian's linux-doc-6.1 and python3.11-doc packages
           (examples/data/get_debian_corpus.sh: 13.3 MB of English prose, 56,629
           paragraphs), the same 2 x 128 encoder, 800 updates of 32 blocks (about
-          one pass over the corpus), vocabulary 4000: <= 3 h on 2 cores.
+          one pass over the corpus), vocabulary 4000: <= 3 h on 2 cores (a real run: 145 min).
 
 Measured times are in README.md ("Comparing the objectives", the presets table).
 """
