@@ -123,11 +123,16 @@ class SeedEncoderModel(BottleneckEncoderModel):
         )
         transformer_legacy.base_architecture(dec_args)
         embed_tokens = encoder.sentence_encoder.embed_tokens  # shared with the encoder
-        decoder = WindowedTransformerDecoder(dec_args, encoder.dictionary, embed_tokens, args.decoder_attention_window)
+        decoder = WindowedTransformerDecoder(
+            dec_args,
+            encoder.dictionary,
+            embed_tokens,
+            args.decoder_attention_window,
+            banded=safe_getattr(args, "decoder_attention_impl", "banded") == "banded",
+        )
         # BERT initialisation for everything the decoder owns; the shared token
         # table (and the output projection tied to it) stays as the encoder set
         # it, padding row included.
-        decoder.banded = safe_getattr(args, "decoder_attention_impl", "banded") == "banded"
         decoder.layers.apply(init_bert_params)
         decoder.embed_positions.apply(init_bert_params)
         return decoder

@@ -224,10 +224,10 @@ class WindowedTransformerDecoder(TransformerDecoder):
     self-attention computes the window banded (``banded``).
     """
 
-    def __init__(self, args, dictionary, embed_tokens, window: Window):
+    def __init__(self, args, dictionary, embed_tokens, window: Window, banded: bool = True):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=False)
         self.window = parse_window(window)
-        self.banded = True
+        self.banded = banded  # also tells every layer's attention its window
 
     @property
     def banded(self) -> bool:
