@@ -6,7 +6,9 @@
 Measured in one run, on this machine:
 
 * **extract** (``preprocess.extract``: XML + wikitext cleaning + normalisation + sentence
-  split) on the dump, at 1 and ``--workers`` workers; MB/s of uncompressed dump XML.
+  split) on the dump, at 1 and ``--workers`` workers; MB/s of uncompressed dump XML. Row
+  ``extract`` is the default cleaner (``--wiki-cleaner scanner``), ``extract-parser`` the
+  mwparserfromhell one (``--wiki-cleaner parser``).
 * **WikiExtractor** (PyPI ``wikiextractor``, the extractor most pipelines use) on the same
   dump with ``--processes`` 1 and ``--workers`` (its default options: templates dropped,
   no template expansion without the Template namespace); the same MB/s. It is run by the
@@ -215,14 +217,20 @@ def main(argv=None):
         # ---- extraction: ours and WikiExtractor's, same dump, same worker counts
         rows = []
         corpus = tmp / "corpus.txt"
-        for w in counts:
-            wall, cpu, totals = timed(
-                lambda w=w: extract([("wiki", args.wiki)], corpus, {"lowercase": True, "nfkc": True}, w, False, {})
-            )
-            rows.append({"stage": "extract", "workers": w, "wall_s": wall, "cpu_s": cpu, "mb": xml_mb})
+        for stage, cleaner, out in (
+            ("extract-parser", "parser", tmp / "corpus-parser.txt"),
+            ("extract", "scanner", corpus),
+        ):
+            options = {"lowercase": True, "nfkc": True, "wiki_cleaner": cleaner}
+            for w in counts:
+                wall, cpu, totals = timed(
+                    lambda w=w, o=out, opt=options: extract([("wiki", args.wiki)], o, opt, w, False, {})
+                )
+                rows.append({"stage": stage, "workers": w, "wall_s": wall, "cpu_s": cpu, "mb": xml_mb})
         res["parser_ceiling_mbps"] = xml_mb / parser_ceiling(args.wiki)
         ours_text = corpus.read_text(encoding="utf-8")
         res["extract_leftovers"] = leftovers(ours_text)
+        res["extract_parser_leftovers"] = leftovers((tmp / "corpus-parser.txt").read_text(encoding="utf-8"))
         res["extract_documents"] = totals["documents"]
         py = wikiextractor_python(args.wikiextractor_python)
         if py:
@@ -285,19 +293,23 @@ def main(argv=None):
             f"pipeline per core (encode + binarize, 1 worker): {res['pipeline_per_core_mbps']:.2f} MB/s = "
             f"{res['pipeline_vs_spm']:.2f} x raw sentencepiece"
         )
-        print(f"markup leftovers, ours: {res['extract_leftovers']}")
+        print(f"markup leftovers, ours (--wiki-cleaner scanner, the default): {res['extract_leftovers']}")
+        print(f"markup leftovers, ours (--wiki-cleaner parser): {res['extract_parser_leftovers']}")
         if py:
             print(f"markup leftovers, WikiExtractor: {res['wikiextractor_leftovers']}")
             for w in counts:
-                ours = next(r for r in rows if r["stage"] == "extract" and r["workers"] == w)
                 theirs = next(r for r in rows if r["stage"] == "wikiextractor" and r["workers"] == w)
-                res[f"extract_vs_wikiextractor_{w}"] = ours["mbps"] / theirs["mbps"]
-                ratio = res[f"extract_vs_wikiextractor_{w}"]
-                print(f"extraction throughput ours / WikiExtractor at {w} worker(s): {ratio:.2f}")
+                for stage, key, label in (
+                    ("extract", "extract_vs_wikiextractor", "scanner"),
+                    ("extract-parser", "extract_parser_vs_wikiextractor", "parser"),
+                ):
+                    ours = next(r for r in rows if r["stage"] == stage and r["workers"] == w)
+                    res[f"{key}_{w}"] = ratio = ours["mbps"] / theirs["mbps"]
+                    print(f"extraction throughput ours ({label}) / WikiExtractor at {w} worker(s): {ratio:.2f}")
             theirs = next(r for r in rows if r["stage"] == "wikiextractor" and r["workers"] == 1)
             res["parser_ceiling_vs_wikiextractor"] = res["parser_ceiling_mbps"] / theirs["mbps"]
             print(
-                f"XML + mwparserfromhell's tokenizer alone (the ceiling of a parser-based extractor, 1 process): "
+                f"XML + mwparserfromhell's tokenizer alone (the ceiling of the parser cleaner, 1 process): "
                 f"{res['parser_ceiling_mbps']:.2f} MB/s = {res['parser_ceiling_vs_wikiextractor']:.2f} x WikiExtractor"
             )
         else:

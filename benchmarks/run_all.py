@@ -182,26 +182,39 @@ def table(results):
             for k in sorted({1, w}):
                 rows.append(
                     (
-                        f"extraction MB/s, ours / WikiExtractor, {k} worker(s)",
+                        f"extraction MB/s, ours (default scanner) / WikiExtractor, {k} worker(s)",
                         fmt(r[f"extract_vs_wikiextractor_{k}"]),
                         "target >= 1.0",
                         cmd,
                     )
                 )
+            for k in sorted({1, w}):
+                if f"extract_parser_vs_wikiextractor_{k}" in r:
+                    rows.append(
+                        (
+                            f"extraction MB/s, ours (--wiki-cleaner parser) / WikiExtractor, {k} worker(s)",
+                            fmt(r[f"extract_parser_vs_wikiextractor_{k}"]),
+                            "the mwparserfromhell cleaner",
+                            cmd,
+                        )
+                    )
             if "parser_ceiling_vs_wikiextractor" in r:
                 rows.append(
                     (
-                        "extraction ceiling: XML + mwparserfromhell's tokenizer alone / WikiExtractor, 1 worker",
+                        "parser cleaner's ceiling: XML + mwparserfromhell's tokenizer alone / WikiExtractor, 1 worker",
                         fmt(r["parser_ceiling_vs_wikiextractor"]),
                         f"{r['parser_ceiling_mbps']:.2f} MB/s; what any extractor on this parser needs at least",
                         cmd,
                     )
                 )
+            parser_left = r.get("extract_parser_leftovers", {}).get("total", "n/a")
             rows.append(
                 (
-                    "markup leftovers, ours / WikiExtractor",
-                    f"{r['extract_leftovers']['total']} / {r['wikiextractor_leftovers']['total']}",
-                    f"ours {r['extract_leftovers']['by_token']}; theirs {r['wikiextractor_leftovers']['by_token']}",
+                    "markup leftovers, ours (scanner / parser) / WikiExtractor",
+                    f"{r['extract_leftovers']['total']} / {parser_left} / {r['wikiextractor_leftovers']['total']}",
+                    f"scanner {r['extract_leftovers']['by_token']}; "
+                    f"parser {r.get('extract_parser_leftovers', {}).get('by_token', {})}; "
+                    f"WikiExtractor {r['wikiextractor_leftovers']['by_token']}",
                     cmd,
                 )
             )

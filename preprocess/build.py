@@ -166,10 +166,28 @@ class Build:
         a = self.args
         if a.tokenizer:
             # the model's tokenizer replaces sentencepiece: its identity replaces spm's options
-            return {
+            return self._with_wiki_cleaner(
+                {
+                    "lowercase": a.lowercase,
+                    "nfkc": a.nfkc,
+                    "tokenizer": self.tokenizer_sha256,
+                    "valid_docs": a.valid_docs,
+                    "test_docs": a.test_docs,
+                    "shards": a.shards,
+                    "seed": a.seed,
+                    "skip_bad": a.skip_bad,
+                    "line_unit": a.line_unit,
+                    "max_line_pieces": a.max_line_pieces,
+                }
+            )
+        return self._with_wiki_cleaner(
+            {
                 "lowercase": a.lowercase,
                 "nfkc": a.nfkc,
-                "tokenizer": self.tokenizer_sha256,
+                "vocab_size": a.vocab_size,
+                "byte_fallback": a.byte_fallback,
+                "character_coverage": a.character_coverage,
+                "spm_sample_sentences": a.spm_sample_sentences,
                 "valid_docs": a.valid_docs,
                 "test_docs": a.test_docs,
                 "shards": a.shards,
@@ -178,21 +196,15 @@ class Build:
                 "line_unit": a.line_unit,
                 "max_line_pieces": a.max_line_pieces,
             }
-        return {
-            "lowercase": a.lowercase,
-            "nfkc": a.nfkc,
-            "vocab_size": a.vocab_size,
-            "byte_fallback": a.byte_fallback,
-            "character_coverage": a.character_coverage,
-            "spm_sample_sentences": a.spm_sample_sentences,
-            "valid_docs": a.valid_docs,
-            "test_docs": a.test_docs,
-            "shards": a.shards,
-            "seed": a.seed,
-            "skip_bad": a.skip_bad,
-            "line_unit": a.line_unit,
-            "max_line_pieces": a.max_line_pieces,
-        }
+        )
+
+    def _with_wiki_cleaner(self, options: Dict[str, Any]) -> Dict[str, Any]:
+        # Recorded only for builds that read a dump and do not use the parser: the
+        # records of builds made before --wiki-cleaner existed (all parser, or no
+        # dump at all) stay the records of the same command.
+        if self.args.wiki and self.args.wiki_cleaner != "parser":
+            options["wiki_cleaner"] = self.args.wiki_cleaner
+        return options
 
     def config(self) -> Dict[str, Any]:
         return dict(self.options(), sources=[{"kind": s["kind"], "sha256": s["sha256"]} for s in self.identities])
@@ -210,7 +222,7 @@ class Build:
         o = self.options()
 
         def pick(*names):
-            return {n: o[n] for n in names}
+            return {n: o[n] for n in names if n in o}
 
         # Each stage's options are exactly what it reads: changing one redoes
         # that stage and the stages after it that read its output, nothing before.
@@ -230,7 +242,7 @@ class Build:
             Stage(
                 "extract",
                 self.stage_extract,
-                pick("lowercase", "nfkc", "line_unit", "skip_bad"),
+                pick("lowercase", "nfkc", "line_unit", "skip_bad", "wiki_cleaner"),
                 reads=("inputs",),
                 folder="extract",
             ),
@@ -435,7 +447,12 @@ class Build:
             totals = extract(
                 self.sources,
                 tmp,
-                {"lowercase": self.args.lowercase, "nfkc": self.args.nfkc, "line_unit": self.args.line_unit},
+                {
+                    "lowercase": self.args.lowercase,
+                    "nfkc": self.args.nfkc,
+                    "line_unit": self.args.line_unit,
+                    "wiki_cleaner": self.args.wiki_cleaner,
+                },
                 self.args.workers,
                 self.args.skip_bad,
                 stats,
@@ -745,6 +762,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="sentence",
         help="what one line (one fairseq item) is: 'sentence' (default; paragraphs split "
         "by blingfire, as in BERT/RoBERTa/SEED data) or 'paragraph'",
+    )
+    p.add_argument(
+        "--wiki-cleaner",
+        choices=("scanner", "parser"),
+        default="scanner",
+        help="how --wiki articles are cleaned: 'scanner' (default; brackets paired by a linear scan, "
+        "WikiExtractor's speed, the least markup left) or 'parser' (mwparserfromhell's tree, "
+        "~8x slower; what builds before this option used)",
     )
     p.add_argument(
         "--max-line-pieces",

@@ -14,8 +14,12 @@ from typing import Any, Dict, Sequence, Tuple
 from tqdm import tqdm
 
 from . import text as textmod
-from . import wiki
+from . import wiki, wiki_scanner
 from .parallel import ordered_imap
+
+# --wiki-cleaner: the default scanner, or the mwparserfromhell tree (builds made
+# before the scanner existed used the parser)
+WIKI_CLEANERS = {"scanner": wiki_scanner.clean_wikitext, "parser": wiki.clean_wikitext}
 
 # A task is a batch of segments of about this many characters: big enough to
 # amortise pickling, small enough to balance uneven article sizes across
@@ -28,10 +32,11 @@ def _process_task(task):
     """Worker: [(kind, starts_doc, payload)] -> ([(starts_doc, normalised lines)], counters)."""
     options, segments = task
     line_unit = options.get("line_unit", "sentence")
+    clean_wikitext = WIKI_CLEANERS[options.get("wiki_cleaner", "scanner")]
     out = []
     paragraphs = kept_whole = 0
     for kind, starts_doc, payload in segments:
-        raw_lines = wiki.clean_wikitext(payload) if kind == "wiki" else payload
+        raw_lines = clean_wikitext(payload) if kind == "wiki" else payload
         lines = []
         for raw in raw_lines:
             para, whole = textmod.paragraph_lines(
@@ -91,8 +96,8 @@ def extract(
 ) -> Dict[str, int]:
     """Write the corpus to ``out_path``.
 
-    ``options``: {"lowercase", "nfkc", "line_unit"} ("line_unit" defaults to
-    "sentence"). Returns {"documents", "paragraphs", "lines", "bytes",
+    ``options``: {"lowercase", "nfkc", "line_unit", "wiki_cleaner"} ("line_unit"
+    defaults to "sentence", "wiki_cleaner" to "scanner"). Returns {"documents", "paragraphs", "lines", "bytes",
     "empty_documents_dropped", "paragraphs_kept_whole"}.
     """
     tasks = ((options, batch) for batch in _batches(_segments(sources, skip_bad, stats)))

@@ -43,6 +43,13 @@ def normalize_line(line: str, lowercase: bool = True, nfkc: bool = True) -> str:
         line = line.lower()
         if nfkc:
             line = unicodedata.normalize("NFKC", line)
+    if line.isprintable():
+        # The usual case, same result, half the time: a printable line has no
+        # control character and no whitespace but " " (str.isprintable is False
+        # for categories Cc, Zs but the ASCII space, Zl and Zp).
+        if "  " in line:
+            line = _WHITESPACE.sub(" ", line)
+        return line.strip()
     line = _CONTROL.sub("", line)
     return _WHITESPACE.sub(" ", line).strip()
 

@@ -293,6 +293,33 @@ def test_normalize_line():
         assert normalize_line(once) == once  # idempotent: safe to apply again downstream
 
 
+def test_normalize_line_fast_path_equals_the_plain_steps():
+    """normalize_line skips the control/whitespace regexes on printable lines: same result as
+    NORMALIZATION_STEPS done plainly, on random strings over the first 12k code points."""
+    import random
+    import re
+    import unicodedata
+
+    from preprocess.text import _CONTROL
+
+    def plain(line, lowercase, nfkc):
+        if nfkc:
+            line = unicodedata.normalize("NFKC", line)
+        if lowercase:
+            line = line.lower()
+            if nfkc:
+                line = unicodedata.normalize("NFKC", line)
+        return re.sub(r"\s+", " ", _CONTROL.sub("", line)).strip()
+
+    rng = random.Random(0)
+    alphabet = [chr(i) for i in range(0x3100)] + [" "] * 300 + list("aBc") * 100
+    for _ in range(30_000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(13)))
+        for lowercase in (True, False):
+            for nfkc in (True, False):
+                assert normalize_line(s, lowercase, nfkc) == plain(s, lowercase, nfkc), repr(s)
+
+
 def test_spm_to_fairseq_id_rule():
     assert [spm_to_fairseq_id(i) for i in range(6)] == [3, 0, 2, 4, 5, 6]
     for fid in (0, 2, 3, 4, 999):
@@ -720,7 +747,8 @@ def test_shards_layout_and_training(tmp_path, text_file):
     assert f"from: {out / 'shard0' / 'valid'}" in log
 
 
-def test_synthetic_wiki_cleaning(tmp_path):
+@pytest.mark.parametrize("cleaner", ["scanner", "parser"])
+def test_synthetic_wiki_cleaning(tmp_path, cleaner):
     dump = tmp_path / "wiki.xml.bz2"
     dump.write_bytes(bz2.compress(mediawiki_xml(SYNTH_PAGES)))
     out = tmp_path / "out"
@@ -738,13 +766,18 @@ def test_synthetic_wiki_cleaning(tmp_path):
         "--test-docs",
         1,
         "--keep-work",
+        "--wiki-cleaner",
+        cleaner,
     )
     corpus = (out / ".work" / "extract" / "corpus.txt").read_text(encoding="utf-8")
     docs = corpus.split("\n\n")
     assert len(docs) == 5  # Gamma is a redirect, Talk:Alpha not an article
     assert docs[0] == "alpha is a letter.\nit came from the phoenicians."
-    stats = json.loads((out / "preprocess.json").read_text())["sources"][0]["stats"]
+    record = json.loads((out / "preprocess.json").read_text())
+    stats = record["sources"][0]["stats"]
     assert stats == {"kind": "wiki", "pages": 7, "redirects": 1, "non_article_pages": 1, "articles": 5}
+    # the parser is what records without the key meant: they stay the records of the same command
+    assert record["config"].get("wiki_cleaner") == (None if cleaner == "parser" else cleaner)
 
 
 # ---- resume ---------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def test_binarize_refuses_pieces_missing_from_the_dictionary(spm_dir, tmp_path):
 
 def test_extract_same_bytes_for_any_workers(tmp_path, monkeypatch):
     from test_preprocess import SYNTH_PAGES, mediawiki_xml
-    from test_wiki_fast import HAND_WRITTEN
+    from test_wiki_parser import HAND_WRITTEN
 
     import preprocess.extract as extract_mod
 

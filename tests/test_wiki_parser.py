@@ -1,6 +1,7 @@
-"""The fast wikitext cleaner gives exactly what the straightforward use of mwparserfromhell
-gives (parse the whole tree, then ``Wikicode.remove`` node by node): on hand-written markup
-that exercises every removal rule and on real articles of the shared dump sample."""
+"""The parser cleaner (``--wiki-cleaner parser``, :func:`preprocess.wiki.clean_wikitext`) gives
+exactly what the straightforward use of mwparserfromhell gives (parse the whole tree, then
+``Wikicode.remove`` node by node): on hand-written markup that exercises every removal rule and
+on real articles of the shared dump sample."""
 
 import bz2
 import os
