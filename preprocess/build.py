@@ -221,8 +221,10 @@ class Build:
     def stages(self) -> List[Stage]:
         o = self.options()
 
-        def pick(*names):
-            return {n: o[n] for n in names if n in o}
+        def pick(*names, optional=()):
+            picked = {n: o[n] for n in names}
+            picked.update({n: o[n] for n in optional if n in o})
+            return picked
 
         # Each stage's options are exactly what it reads: changing one redoes
         # that stage and the stages after it that read its output, nothing before.
@@ -242,7 +244,7 @@ class Build:
             Stage(
                 "extract",
                 self.stage_extract,
-                pick("lowercase", "nfkc", "line_unit", "skip_bad", "wiki_cleaner"),
+                pick("lowercase", "nfkc", "line_unit", "skip_bad", optional=("wiki_cleaner",)),
                 reads=("inputs",),
                 folder="extract",
             ),

@@ -666,6 +666,7 @@ def test_books_and_text_inputs(tmp_path, books_dir, text_file):
     record = json.loads((out / "preprocess.json").read_text())
     assert record["documents"]["documents"] == 3 + 40  # one per book + the text's documents
     assert record["sources"][0]["stats"]["files"] == 3
+    assert "wiki_cleaner" not in record["config"]  # no dump: the record is what it was before the option
     corpus = (out / ".work" / "extract" / "corpus.txt").read_text(encoding="utf-8")
     docs = corpus.split("\n\n")
     # Books come first, in sorted path order; blank lines inside a book are dropped.
