@@ -90,7 +90,7 @@ _PAREN_LEAD_PUNCT = re.compile(r"\([^\S\n]*+[,;:]++[^\S\n]*+")
 _SPACE_BEFORE_PUNCT = re.compile(r"(?<![^\S\n])[^\S\n]++([,.;:!?])")
 # Magic words (__NOTOC__) and leftover table/template fragments on their own line.
 _MAGIC_WORD = re.compile(r"__[A-Z]+__")
-# HTML tags mwparserfromhell left as text because they were unbalanced.
+# HTML tags left as text because they were unbalanced (by either cleaner).
 _STRAY_TAG = re.compile(
     r"</?(?:blockquote|div|span|br|center|small|big|sup|sub|p|poem|font|u|s|del|ins|"
     r"abbr|cite|onlyinclude|includeonly|noinclude|nowiki|ref|references)\b[^<>\n]*/?>",

@@ -14,11 +14,13 @@ WikiExtractor (a command-line tool that leaves more markup and whose cleaning
 functions are not a maintained API).
 
 How it differs from the parser on real pages (``tests/test_wiki_scanner.py``):
-bold/italic markup is removed before anything else, so ``''`` around a removed
-template or link cannot pair with the next ``''`` of the paragraph. mwparserfromhell
-can, and then treats the rest of the page as the inside of one italic tag: its
-headings, tables and "References" sections stay in the output. Every pairing here
-is local (a stray ``{{`` or ``[[`` stays unpaired and only its own line is dropped).
+bold/italic markup is deleted as text before anything else, never paired. An
+apostrophe run that does not pair (``''Iliad'''s``) then changes nothing but
+itself, where mwparserfromhell can read the rest of the page as the inside of one
+italic tag and keep its headings, tables and "References" section as prose; and
+``''{{lang|la|x}}''`` cannot leave ``''''`` behind once the template is gone.
+Every other pairing is local too: a stray ``{{`` or ``[[`` stays unpaired and
+costs only its own line (dropped by the markup check).
 
 Every step is linear in the page length: finditer scans, pairing stacks, and
 patterns that cannot backtrack over more than their own bracket pair.
