@@ -164,46 +164,32 @@ class Build:
         """Every option that changes what is written (not --workers, --keep-work ...).
         --valid-docs/--test-docs are null when not given (chosen from the corpus)."""
         a = self.args
+        options = {
+            "lowercase": a.lowercase,
+            "nfkc": a.nfkc,
+            "valid_docs": a.valid_docs,
+            "test_docs": a.test_docs,
+            "shards": a.shards,
+            "seed": a.seed,
+            "skip_bad": a.skip_bad,
+            "line_unit": a.line_unit,
+            "max_line_pieces": a.max_line_pieces,
+        }
         if a.tokenizer:
             # the model's tokenizer replaces sentencepiece: its identity replaces spm's options
-            return self._with_wiki_cleaner(
-                {
-                    "lowercase": a.lowercase,
-                    "nfkc": a.nfkc,
-                    "tokenizer": self.tokenizer_sha256,
-                    "valid_docs": a.valid_docs,
-                    "test_docs": a.test_docs,
-                    "shards": a.shards,
-                    "seed": a.seed,
-                    "skip_bad": a.skip_bad,
-                    "line_unit": a.line_unit,
-                    "max_line_pieces": a.max_line_pieces,
-                }
+            options["tokenizer"] = self.tokenizer_sha256
+        else:
+            options.update(
+                vocab_size=a.vocab_size,
+                byte_fallback=a.byte_fallback,
+                character_coverage=a.character_coverage,
+                spm_sample_sentences=a.spm_sample_sentences,
             )
-        return self._with_wiki_cleaner(
-            {
-                "lowercase": a.lowercase,
-                "nfkc": a.nfkc,
-                "vocab_size": a.vocab_size,
-                "byte_fallback": a.byte_fallback,
-                "character_coverage": a.character_coverage,
-                "spm_sample_sentences": a.spm_sample_sentences,
-                "valid_docs": a.valid_docs,
-                "test_docs": a.test_docs,
-                "shards": a.shards,
-                "seed": a.seed,
-                "skip_bad": a.skip_bad,
-                "line_unit": a.line_unit,
-                "max_line_pieces": a.max_line_pieces,
-            }
-        )
-
-    def _with_wiki_cleaner(self, options: Dict[str, Any]) -> Dict[str, Any]:
         # Recorded only for builds that read a dump and do not use the parser: the
         # records of builds made before --wiki-cleaner existed (all parser, or no
         # dump at all) stay the records of the same command.
-        if self.args.wiki and self.args.wiki_cleaner != "parser":
-            options["wiki_cleaner"] = self.args.wiki_cleaner
+        if a.wiki and a.wiki_cleaner != "parser":
+            options["wiki_cleaner"] = a.wiki_cleaner
         return options
 
     def config(self) -> Dict[str, Any]:
