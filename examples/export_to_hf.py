@@ -2,7 +2,7 @@
 """Export a seed_pretrain checkpoint to a HuggingFace transformers folder.
 
     python examples/export_to_hf.py --checkpoint checkpoints/checkpoint_best.pt \
-        --data data-bin --out seed-encoder-hf [--mlm-head] [--force]
+        --data data-bin --out seed-encoder-hf [--mlm-head] [--force] [--trust-checkpoint]
 
 ``--data`` is the folder written by ``python -m preprocess.build`` (dict.txt,
 spm.model, preprocess.json).  The output loads offline with
@@ -54,6 +54,12 @@ def main(argv=None):
         default=None,
         help="DupMAE: vocabulary entries kept per text (default 384, or the selectable vocabulary if smaller)",
     )
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load --checkpoint with Python's full unpickler, which runs any code pickled in it: only for a file "
+        "you trust.  Without it a checkpoint holding anything but the types fairseq checkpoints hold is refused",
+    )
     args = p.parse_args(argv)
     try:
         export(
@@ -66,6 +72,7 @@ def main(argv=None):
             representation=args.representation,
             dupmae_dim=args.dupmae_dim,
             dupmae_top_k=args.dupmae_top_k,
+            trust_checkpoint=args.trust_checkpoint,
         )
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)

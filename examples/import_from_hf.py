@@ -13,17 +13,17 @@ ids), DIR/tokenizer/ (its tokenizer) and DIR/model_args.txt; then
 
 continues pre-training it (decoder/heads freshly initialised).  Nothing is
 written unless fairseq's outputs equal the HF model's (features, and MLM
-logits when the model has an MLM head) to --atol.
+logits when the model has an MLM head) to --atol, both in float32: a model
+stored in fp16 or bf16 is imported as float32 (the record's source_dtype says
+what it was stored in).  A folder without a usable tokenizer, or whose
+config.json contradicts its weights, is refused with one error line.
 """
 
 import argparse
 import logging
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from seed_fairseq.hf.import_ import HFImportError, import_model  # noqa: E402
+from seed_fairseq.hf.import_ import HFImportError, import_model
 
 
 def main(argv=None):

@@ -26,7 +26,7 @@ import numpy as np
 from fairseq.data import Dictionary
 from fairseq.data.indexed_dataset import MMapIndexedDataset, _dtype_header_code, best_fitting_int_dtype
 
-from .errors import PreprocessError
+from .errors import PreprocessError, writing
 from .parallel import line_ranges, ordered_imap, read_range, split_lines
 
 CHUNK_BYTES = 4 << 20
@@ -111,7 +111,8 @@ def binarize_file(
     replaced = collections.Counter()
     tasks = ((str(encoded_path), start, end) for start, end in line_ranges(encoded_path, chunk_bytes))
     try:
-        with open(bin_path, "wb") as data, open(sizes_path, "wb") as size_file:
+        # the sizes are part of the .bin's output: a write error in either names the .bin
+        with writing(bin_path), open(bin_path, "wb") as data, open(sizes_path, "wb") as size_file:
             for tokens, sizes, chunk_replaced in ordered_imap(
                 _binarize_range, tasks, workers, initializer=_init_worker, initargs=(str(dict_path),)
             ):
@@ -120,7 +121,14 @@ def binarize_file(
                 n_seq += len(sizes)
                 n_tok += int(sizes.sum())
                 replaced.update(chunk_replaced)
-        write_index(idx_path, dtype, sizes_path, n_seq)
+        with writing(idx_path):
+            write_index(idx_path, dtype, sizes_path, n_seq)
+    except BaseException:
+        # no partial .bin/.idx is left for anyone to mistake for data
+        for path in (bin_path, idx_path):
+            if os.path.exists(path):
+                os.remove(path)
+        raise
     finally:
         if os.path.exists(sizes_path):
             os.remove(sizes_path)

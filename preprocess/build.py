@@ -20,6 +20,9 @@ options changed, see preprocess/README.md):
 Every file is written under a temporary name and renamed when complete
 (seed_fairseq.fileio). ``--out`` must be missing, empty, or hold this tool's
 own record (preprocess.record); nothing else in it is ever written or deleted.
+Nothing in it is ever read as input: an input inside ``--out`` is refused, and
+the ``--books`` listing leaves out every folder holding a build (an ``--out``
+inside the books folder).
 """
 
 import argparse
@@ -29,6 +32,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -37,7 +41,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from tqdm import tqdm
 
 from . import record as rec
-from .errors import PreprocessError
+from .errors import ENVIRONMENT_ERRNOS, WRITE_ERRNOS, PreprocessError, environment_problem, writing
+from .parallel import WorkerDied
 from .record import RECORD, TOOL, WORK
 from .stages import Runner, Stage, fingerprint
 from .text import LINE_UNITS
@@ -124,8 +129,11 @@ class InputHasher:
             return self.file(Path(path))
         root = Path(path)
         h = hashlib.sha256()
-        for f in book_files(root):  # sorted: the order books are read in
+        skipped = set()
+        for f in book_files(root, skipped):  # sorted: the order books are read in
             h.update(f"{f.relative_to(root).as_posix()}\0{self.file(f)}\n".encode("utf-8"))
+        for folder in sorted(skipped):
+            logger.info("--books %s: skipping %s, a build of %s (its outputs are not books)", root, folder, TOOL)
         return h.hexdigest()
 
     def changed_since_hashed(self) -> Optional[str]:
@@ -138,6 +146,42 @@ class InputHasher:
             if (st.st_size, st.st_mtime_ns) != (entry["bytes"], entry["mtime_ns"]):
                 return key
         return None
+
+
+def _place_in(path: Path, out: Path) -> Optional[str]:
+    """Where ``path`` is with respect to the folder ``out``, if it is ``out`` or
+    inside it: symlinks resolved, and the same folder reached by another name
+    (a bind mount, a case-insensitive file system) recognised by its inode."""
+    resolved, folder = path.resolve(), out.resolve()
+    if resolved == folder:
+        return f"is --out {out} itself"
+    if folder in resolved.parents:
+        return f"is inside --out {out}"
+    try:
+        target = folder.stat()
+    except OSError:
+        return None  # a missing --out holds nothing
+    for p in (resolved, *resolved.parents):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            return f"is --out {out} itself" if p == resolved else f"is inside --out {out}"
+    return None
+
+
+def _save_tokenizer(tok, folder: Path) -> None:
+    """``tok.save_pretrained(folder)``, with an OS error of the Rust tokenizers (a plain
+    ``Exception("... (os error 28)")``) raised as the OSError it is."""
+    try:
+        tok.save_pretrained(str(folder))
+    except Exception as e:
+        m = re.search(r"\(os error (\d+)\)", str(e))
+        if type(e) is not Exception or m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code)) from e
 
 
 # ---- the build ------------------------------------------------------------------------------------
@@ -281,6 +325,7 @@ class Build:
         """
         fileio = _fileio()
         out, force = self.out, self.args.force
+        self.check_paths()
         # What OUT is; nothing is written before this is known.
         if out.exists() and not out.is_dir():
             raise _output_error(out, "exists and is not a folder")
@@ -334,6 +379,10 @@ class Build:
         owned = set(state.outputs)
         if record is not None:
             owned |= set(rec.record_outputs(record))
+        # A listed file this build would delete through a link or outside OUT: refused
+        # now, before anything (the record included) changes.
+        for rel in sorted(owned):
+            fileio.listed_path(out, rel)
         expected_tokenizer = rec.EXPECTED_TOKENIZER_FILES if self.args.tokenizer else None
         self.check_collisions(rec.possible_outputs(self.args.shards, expected_tokenizer), owned)
 
@@ -353,8 +402,41 @@ class Build:
             # its stage markers carry no fingerprint and will all be redone.
             (self.work / "config.json").unlink(missing_ok=True)
         state.input_files = dict(self.hasher.used)
-        state.save()
+        with writing(state.path):
+            state.save()
         return True
+
+    def check_paths(self) -> None:
+        """Refuse, before any input is read, an --out fairseq cannot use or the tool
+        cannot create, and an input inside --out.
+
+        Everything in OUT is the tool's outputs and work files (or the user's
+        files beside them): read as input, a build would depend on what it
+        wrote, and its --force would delete its own input. An --out inside a
+        --books folder is fine: the books listing leaves out every build
+        (preprocess.text.book_files).
+        """
+        out = self.out
+        if ":" in str(out.absolute()):
+            full = "" if ":" in str(out) else f" ({out.absolute()})"
+            raise _output_error(
+                out,
+                f"its path{full} contains ':', which fairseq-train reads as a list of data folders "
+                "(DATA is split at ':' into shards); choose a folder whose path has no ':'",
+            )
+        for parent in out.absolute().parents:  # `--out file/sub`: the nearest existing one
+            if parent.exists() or parent.is_symlink():
+                if not parent.is_dir():
+                    raise _output_error(out, f"cannot create the folder ({parent} is not a folder)")
+                break
+        for _, path in self.sources:
+            where = _place_in(Path(path), out)
+            if where:
+                raise PreprocessError(
+                    path,
+                    f"{where}, where {TOOL} writes its outputs and work files; an input is "
+                    "never read from there: move it out or choose another --out",
+                )
 
     def check_collisions(self, rels: Sequence[str], owned) -> None:
         for rel in rels:
@@ -408,7 +490,9 @@ class Build:
             rec.remove_work(self.out)
         outputs = rec.record_outputs(record)
         logger.info("--force: deleting the %d files of the earlier build in %s", len(outputs), self.out)
-        rec.WorkState(self.out, outputs).save()
+        state = rec.WorkState(self.out, outputs)
+        with writing(state.path):
+            state.save()
         (self.out / RECORD).unlink(missing_ok=True)
         rec.delete_outputs(self.out, outputs)
 
@@ -419,7 +503,10 @@ class Build:
         rec.remove_work(self.out)
 
     def run(self) -> Dict[str, Any]:
-        return self.runner.run(self.args.stop_after)
+        # The stages name the files they write; what is left unnamed (the runner's
+        # markers) is in the work folder.
+        with writing(self.work):
+            return self.runner.run(self.args.stop_after)
 
     # ---- stages ----------------------------------------------------------------------
 
@@ -431,7 +518,7 @@ class Build:
             textmod.sentence_splitter_available()  # a clear error here, not in a pool worker
         corpus = self.work / "extract" / "corpus.txt"
         stats = {}
-        with _fileio().atomic_path(corpus) as tmp:
+        with writing(corpus), _fileio().atomic_path(corpus) as tmp:
             totals = extract(
                 self.sources,
                 tmp,
@@ -440,6 +527,7 @@ class Build:
                     "nfkc": self.args.nfkc,
                     "line_unit": self.args.line_unit,
                     "wiki_cleaner": self.args.wiki_cleaner,
+                    "wiki_page_seconds": self.args.wiki_page_seconds,
                 },
                 self.args.workers,
                 self.args.skip_bad,
@@ -498,7 +586,7 @@ class Build:
         names = (["valid"] if valid else []) + (["test"] if test else []) + [f"train{k}" for k in range(a.shards)]
         d = self.work / "split"
         atomic_path = _fileio().atomic_path
-        with contextlib.ExitStack() as stack:
+        with writing(d), contextlib.ExitStack() as stack:  # several files at once: the folder
             tmps = {name: stack.enter_context(atomic_path(d / f"{name}.txt")) for name in names}
             counts = split(self.work / "extract" / "corpus.txt", n, valid, test, a.shards, a.seed, tmps)
         return {
@@ -524,7 +612,7 @@ class Build:
         train_files = [self.work / "split" / f"train{k}.txt" for k in range(self.args.shards)]
         train_lines = sum(splits[f"train{k}"]["lines"] for k in range(self.args.shards))
         sample = d / "spm_sample.txt"
-        with atomic_path(sample) as tmp:
+        with writing(sample), atomic_path(sample) as tmp:
             kept = vocab.systematic_sample(train_files, train_lines, self.args.spm_sample_sentences, tmp)
         logger.info("training sentencepiece BPE (%d pieces) on %d lines", self.args.vocab_size, kept)
         model = vocab.train_spm(
@@ -535,12 +623,12 @@ class Build:
             character_coverage=self.args.character_coverage,
         )
         # The model is renamed into place last (after spm.vocab and dict.txt).
-        with atomic_path(d / "spm.model") as tmp_model:
+        with writing(d / "spm.model"), atomic_path(d / "spm.model") as tmp_model:
             tmp_model.write_bytes(model)
             sp = vocab.load_spm(tmp_model)
-            with atomic_path(d / "spm.vocab") as tmp:
+            with writing(d / "spm.vocab"), atomic_path(d / "spm.vocab") as tmp:
                 vocab.write_spm_vocab(sp, tmp)
-            with atomic_path(d / "dict.txt") as tmp:
+            with writing(d / "dict.txt"), atomic_path(d / "dict.txt") as tmp:
                 vocab.write_fairseq_dict(sp, tmp)
         return {"sample_lines": kept, "pieces": sp.get_piece_size()}
 
@@ -557,13 +645,16 @@ class Build:
             raise PreprocessError(self.tokenizer_dir, "changed while the build ran; run the command again")
         staging = d / "tokenizer.tmp"
         shutil.rmtree(staging, ignore_errors=True)
-        tok.save_pretrained(str(staging))
+        with writing(d / "tokenizer"):
+            _save_tokenizer(tok, staging)
         files = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
         shutil.rmtree(d / "tokenizer", ignore_errors=True)
         os.replace(staging, d / "tokenizer")
-        fileio.write_json_atomic(d / VOCAB_RECORD, vocab.record())
+        with writing(d / VOCAB_RECORD):
+            fileio.write_json_atomic(d / VOCAB_RECORD, vocab.record())
         # dict.txt last: the folder's other files are in place when it appears
-        write_dict(vocab, d / "dict.txt")
+        with writing(d / "dict.txt"):
+            write_dict(vocab, d / "dict.txt")
         logger.info(
             "vocab: the tokenizer of %s, %d tokens (%s)",
             self.tokenizer_dir,
@@ -600,7 +691,7 @@ class Build:
                     counts[name] = rec.read_json(stats)
                     bar.update(counts[name]["input_lines"])
                     continue
-                with fileio.atomic_path(dst) as tmp:
+                with writing(dst), fileio.atomic_path(dst) as tmp:
                     if self.args.tokenizer:
                         counts[name] = encode_file_hf(
                             src, tmp, self.work / "vocab" / "tokenizer", progress=bar, max_pieces=max_pieces
@@ -610,7 +701,8 @@ class Build:
                             src, tmp, model, self.args.workers, progress=bar, max_pieces=max_pieces
                         )
                     # The counts first: a .bpe in place always has its counts beside it.
-                    fileio.write_json_atomic(stats, counts[name])
+                    with writing(stats):
+                        fileio.write_json_atomic(stats, counts[name])
         cut = sum(c["lines_cut"] for c in counts.values())
         added = sum(c["chunks_added"] for c in counts.values())
         lines = sum(c["input_lines"] for c in counts.values())
@@ -633,10 +725,11 @@ class Build:
         counts = {}
         for name in tqdm(self.split_names(results), desc="binarize", unit=" splits", disable=None):
             tmp_prefix = d / f"{name}.tmp"
-            seqs, toks = binarize_file(self.work / "bpe" / f"{name}.bpe", dict_path, tmp_prefix, self.args.workers)
-            # .idx last: fairseq opens a dataset through its index.
-            rec.move_into(d / f"{name}.tmp.bin", d / f"{name}.bin")
-            rec.move_into(d / f"{name}.tmp.idx", d / f"{name}.idx")
+            with writing(d / f"{name}.bin"):
+                seqs, toks = binarize_file(self.work / "bpe" / f"{name}.bpe", dict_path, tmp_prefix, self.args.workers)
+                # .idx last: fairseq opens a dataset through its index.
+                rec.move_into(d / f"{name}.tmp.bin", d / f"{name}.bin")
+                rec.move_into(d / f"{name}.tmp.idx", d / f"{name}.idx")
             counts[name] = {"sequences": seqs, "tokens": toks}
         return counts
 
@@ -657,7 +750,8 @@ class Build:
         # Claimed before anything is written: whatever a kill leaves in OUT is
         # listed as the tool's.
         state.outputs = planned
-        state.save()
+        with writing(state.path):
+            state.save()
 
         # Everything is prepared under .work and renamed into OUT: no temporary
         # file is ever left in OUT itself.
@@ -670,9 +764,10 @@ class Build:
         if a.shards > 1:
             copies += [(vocab_dir / name, f"shard{k}/{name}") for k in range(a.shards) for name in shard_files]
         for src, rel in copies:
-            _fileio().copy_atomic(src, staging / rel)
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            rec.move_into(staging / rel, out / rel)
+            with writing(out / rel):
+                _fileio().copy_atomic(src, staging / rel)
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                rec.move_into(staging / rel, out / rel)
         for name in names:
             prefix = rec.split_prefix(name, a.shards)
             for ext in (".bin", ".idx"):
@@ -682,7 +777,8 @@ class Build:
                 # again: a missing source was moved by it (the binarize marker
                 # vouches that it is this build's).
                 if src.exists():
-                    rec.move_into(src, dst)
+                    with writing(dst):
+                        rec.move_into(src, dst)
                 elif not dst.exists():
                     raise FileNotFoundError(src)
         record = rec.build_record(
@@ -695,7 +791,8 @@ class Build:
             input_files=dict(self.hasher.used),
             dictionary_sha256=dictionary_sha256(out / "dict.txt"),
         )
-        rec.write_record(out, record, staging)
+        with writing(out / RECORD):
+            rec.write_record(out, record, staging)
         shutil.rmtree(staging, ignore_errors=True)
         if not a.keep_work:
             rec.remove_work(out)
@@ -758,6 +855,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="how --wiki articles are cleaned: 'scanner' (default; brackets paired by a linear scan, "
         "WikiExtractor's speed, the least markup left) or 'parser' (mwparserfromhell's tree, "
         "~8x slower; what builds before this option used)",
+    )
+    p.add_argument(
+        "--wiki-page-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="CPU seconds the cleaning of one --wiki page may take (default 30; 0 = no limit): a page "
+        "over it is skipped, named in the log and in preprocess.json, and the build goes on. Not part "
+        "of the build's identity (it changes nothing but the pages it skips)",
     )
     p.add_argument(
         "--max-line-pieces",
@@ -846,12 +952,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     if not 0 < args.character_coverage <= 1:
         p.error("--character-coverage must be in (0, 1]")
+    if args.wiki_page_seconds is None:
+        from .extract import DEFAULT_PAGE_SECONDS
+
+        args.wiki_page_seconds = DEFAULT_PAGE_SECONDS
+    if not 0 <= args.wiki_page_seconds <= 1e6:  # also refuses nan and inf
+        p.error("--wiki-page-seconds must be between 0 (no limit) and 1000000")
     return args
-
-
-# Errors of the machine rather than of the code: reported like bad input, one
-# line naming the file, so the user can fix it and rerun to resume.
-_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -866,9 +973,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e.path}: {e.problem}", file=sys.stderr)
         return 2
     except OSError as e:
-        if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:
+        # Errors of the machine rather than of the code (a full disk, the file-size
+        # limit, permissions): one line naming the file, so the user can fix it and
+        # rerun to resume. Writes name their file (errors.writing); one that does
+        # not is still somewhere in OUT.
+        path = e.filename or (args.out if e.errno in WRITE_ERRNOS else None)
+        if e.errno not in ENVIRONMENT_ERRNOS or not path:
             raise
-        print(f"error: {e.filename}: {e.strerror}; fix this and rerun the same command to resume", file=sys.stderr)
+        print(f"error: {path}: {environment_problem(e)}", file=sys.stderr)
+        return 2
+    except WorkerDied as e:
+        # killed (out of memory?) or crashed in C code: what it finished is kept
+        print(
+            f"error: {args.out}: {e}; rerun the same command to resume (with fewer --workers if memory ran out)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)

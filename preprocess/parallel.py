@@ -1,11 +1,13 @@
 """Order-preserving parallel map with a bounded number of tasks in flight."""
 
 import collections
-import multiprocessing
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
-# An exception raised by a Pool initializer makes multiprocessing restart the
-# worker forever (the map then hangs); we keep it and raise it from the task.
+# An exception raised by a pool's initializer would end its worker (the pool
+# then reports a dead worker, not the error); we keep it and raise it from the task.
 _INIT_ERROR = None
 
 
@@ -20,8 +22,41 @@ def _guarded_init(initializer, initargs):
 
 def _guarded_call(func, item):
     if _INIT_ERROR is not None:
-        raise _INIT_ERROR
-    return func(item)
+        raise _portable(_INIT_ERROR)
+    try:
+        return func(item)
+    except Exception as e:
+        portable = _portable(e)
+        if portable is e:
+            raise
+        raise portable from None
+
+
+def _portable(error: Exception) -> Exception:
+    """``error``, or a RuntimeError naming it when it would not survive the way back.
+
+    A worker's exception is pickled to the parent and rebuilt there; one whose
+    class cannot be rebuilt from its pickle (an ``__init__`` with other
+    arguments than ``args``) kills multiprocessing's result thread, and the
+    parent would then wait for its results forever.
+    """
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - whatever fails here, the parent must get an error
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without a result: killed, out of memory, or
+    crashed in C code. ``items``: the items in flight then, in input order,
+    none of whose results was yielded (the caller may run them again)."""
+
+    def __init__(self, items: List[Any]):
+        super().__init__(
+            f"a worker process ended abruptly (killed, out of memory or crashed) with {len(items)} task(s) in flight"
+        )
+        self.items = items
 
 
 def ordered_imap(
@@ -31,31 +66,53 @@ def ordered_imap(
     initializer: Optional[Callable[..., Any]] = None,
     initargs: tuple = (),
     inflight_per_worker: int = 4,
+    own_process: bool = False,
 ) -> Iterator[Any]:
-    """Like ``Pool.imap(func, iterable)`` but reads ``iterable`` lazily.
+    """Like ``ProcessPoolExecutor.map(func, iterable)`` but reads ``iterable`` lazily.
 
     Hand-written because ``Pool.imap`` and ``ProcessPoolExecutor.map`` (Python
     3.11) both drain the whole input iterable into their task queue as fast as
     it can be produced; with an XML reader that is faster than the wikitext
     cleaners, that would pull the whole dump into memory. Here at most
     ``workers * inflight_per_worker`` tasks exist at a time, results come back
-    in input order (deterministic output), and workers=1 runs in-process.
+    in input order (deterministic output), and workers=1 runs in-process
+    unless ``own_process`` (then a task that must be stopped can end its process).
+
+    A worker that dies raises :class:`WorkerDied` here (``ProcessPoolExecutor``
+    notices it; a ``multiprocessing.Pool`` would wait for its result forever).
     """
-    if workers <= 1:
+    if workers <= 1 and not own_process:
         if initializer is not None:
             initializer(*initargs)
         for item in iterable:
             yield func(item)
         return
+    workers = max(workers, 1)
     limit = workers * inflight_per_worker
-    with multiprocessing.Pool(workers, initializer=_guarded_init, initargs=(initializer, initargs)) as pool:
-        pending = collections.deque()
+    pool = ProcessPoolExecutor(workers, initializer=_guarded_init, initargs=(initializer, initargs))
+    pending = collections.deque()  # (item, future), in input order
+    try:
         for item in iterable:
-            pending.append(pool.apply_async(_guarded_call, (func, item)))
+            try:
+                pending.append((item, pool.submit(_guarded_call, func, item)))
+            except BrokenProcessPool:
+                raise WorkerDied([i for i, _ in pending] + [item]) from None
             if len(pending) >= limit:
-                yield pending.popleft().get()
+                yield _first_result(pending)
         while pending:
-            yield pending.popleft().get()
+            yield _first_result(pending)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _first_result(pending) -> Any:
+    _, future = pending[0]
+    try:
+        result = future.result()
+    except BrokenProcessPool:
+        raise WorkerDied([i for i, _ in pending]) from None
+    pending.popleft()
+    return result
 
 
 def line_ranges(path, chunk_bytes: int) -> Iterator[Tuple[int, int]]:

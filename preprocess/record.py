@@ -20,7 +20,7 @@ import os
 import platform
 import shutil
 import unicodedata
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 RECORD = "preprocess.json"
@@ -123,32 +123,14 @@ def record_outputs(record: Dict[str, Any]) -> List[str]:
     return files + [RECORD]
 
 
-def safe_relative(rel: str) -> bool:
-    """A path a record may name: relative, inside OUT, no ``..``."""
-    p = PurePosixPath(rel)
-    return bool(rel) and not p.is_absolute() and ".." not in p.parts and "\\" not in rel
-
-
 def delete_outputs(out: Path, rels: Iterable[str]) -> None:
-    """Delete the listed files of OUT (never folders, never outside OUT), then the
-    folders (e.g. ``shard3``) these deletions left empty."""
-    out = Path(out)
-    parents = set()
-    for rel in rels:
-        if not safe_relative(rel):
-            continue
-        path = out / rel
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-        parent = path.parent
-        while parent != out and out in parent.parents:
-            parents.add(parent)
-            parent = parent.parent
-    for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
-        try:
-            parent.rmdir()  # only when empty: a file of the user's keeps its folder
-        except OSError:
-            pass
+    """Delete the listed files of OUT (never folders), then the folders (e.g.
+    ``shard3``) these deletions left empty.  A listed path outside OUT (absolute,
+    ``..``, or through a symbolic link) is refused before anything is deleted
+    (``seed_fairseq.fileio.delete_listed``: the rule every tool shares)."""
+    from seed_fairseq.fileio import delete_listed  # lazily: see preprocess.build._fileio
+
+    delete_listed(out, rels)
 
 
 # ---- the unfinished build's state -----------------------------------------------------------
@@ -173,6 +155,19 @@ def work_is_own(out: Path) -> bool:
         return True
     try:
         return all(e.name.startswith(f".{STATE}.tmp-") and e.is_file() for e in work.iterdir())
+    except OSError:
+        return False
+
+
+def holds_build(folder: Path) -> bool:
+    """Does ``folder`` hold a build of this tool, finished (its record) or not (its
+    work state)? Its files are then the tool's outputs and work files, never input
+    (``preprocess.text.book_files``). An empty ``.work`` does not count: nothing is
+    in it, and a folder of the user's must not be skipped for an empty subfolder."""
+    if load_record(folder) is not None:
+        return True
+    try:
+        return work_is_own(folder) and any((Path(folder) / WORK).iterdir())
     except OSError:
         return False
 

@@ -12,12 +12,17 @@ redoes encode and what follows, never the extraction.
 Files of an unfinished stage stay in its own folder ``WORK/<folder>``, whose
 owner is written in ``WORK/<stage>.started``: a stage interrupted half-way
 resumes with the files it already finished (e.g. encode, split by split) when
-it is restarted with the same fingerprint, and starts from an empty folder
-otherwise. Stages must be deterministic (same fingerprint, same files), which
-is what makes reusing a downstream stage after its upstream was redone with
-the same fingerprint correct.
+it is restarted with the same fingerprint, and starts afresh otherwise. A
+stage folder inside the tool's own work folder (preprocess's ``.work``) is then
+emptied; one the user can see (the comparison's ``OUT/pretrain/O/sS``) loses
+exactly the files the stage declares it writes (``Stage.writes``), never a
+user's notes or subfolder, and never anything through a symbolic link.
+Stages must be deterministic (same fingerprint, same files), which is what
+makes reusing a downstream stage after its upstream was redone with the same
+fingerprint correct.
 """
 
+import fnmatch
 import hashlib
 import json
 import logging
@@ -44,9 +49,17 @@ class Stage:
     options it reads, ``reads`` the stages (or external names such as
     ``"inputs"``) whose outputs it reads; both make its fingerprint. Bump
     ``version`` when the stage's code starts writing something else, so no
-    folder made by the old code is reused. ``folder`` (under the work dir) is
-    emptied when the stage runs with a new fingerprint. ``marker=False``:
-    completion is recorded by the stage itself (the final record).
+    folder made by the old code is reused. ``marker=False``: completion is
+    recorded by the stage itself (the final record).
+
+    ``folder`` (under the work dir) is where the stage writes. When the stage
+    runs with a new fingerprint, ``writes=None`` empties it: the folder is the
+    stage's alone, inside the tool's own work folder. Otherwise ``writes`` are
+    the glob patterns (relative to the folder, ``*`` within one name) of the
+    files the stage and the tools it runs write there, and exactly the matching
+    files are deleted; everything else (a user's notes, a save-dir) stays. A
+    tool that keeps its own record in the folder (an export) replaces its own
+    files: its stage declares ``writes=()``.
     """
 
     name: str
@@ -56,6 +69,7 @@ class Stage:
     folder: Optional[str] = None
     marker: bool = True
     version: int = 1
+    writes: Optional[Sequence[str]] = None
 
 
 def _read_json(path: Path) -> Optional[Any]:
@@ -63,6 +77,16 @@ def _read_json(path: Path) -> Optional[Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _remove_debris(stage: Stage, folder: Path) -> None:
+    """Delete the temporaries interrupted atomic writes of ``stage`` left in ``folder``
+    (fileio names them ``.NAME.tmp-*``): only those of a NAME the stage writes."""
+    for debris in folder.glob(".*.tmp-*"):
+        name = debris.name[1 : debris.name.index(".tmp-")]
+        ours = stage.writes is None or any(fnmatch.fnmatchcase(name, pattern) for pattern in stage.writes)
+        if ours and debris.is_file() and not debris.is_symlink():
+            debris.unlink()
 
 
 class Runner:
@@ -112,7 +136,8 @@ class Runner:
 
     def _begin(self, stage: Stage) -> None:
         """Make ``stage``'s folder ready: kept for a restart with the same
-        fingerprint (it may hold finished parts), emptied otherwise."""
+        fingerprint (it may hold finished parts), else cleared of what the stage
+        wrote (:meth:`_discard`)."""
         from seed_fairseq.fileio import write_json_atomic  # lazily: see preprocess.build._fileio
 
         fp = self.fingerprints[stage.name]
@@ -123,16 +148,29 @@ class Runner:
             return
         folder = self.work / stage.folder
         started = _read_json(self._started(stage.name))
-        if isinstance(started, dict) and started.get("fingerprint") == fp and folder.is_dir():
-            # Temporaries of an interrupted write (fileio names them ".NAME.tmp-*").
-            for debris in folder.glob(".*.tmp-*"):
-                if debris.is_file():
-                    debris.unlink()
+        resumed = isinstance(started, dict) and started.get("fingerprint") == fp and folder.is_dir()
+        if not resumed:
+            # The .started record of the old fingerprint stays until this is done:
+            # a kill half-way leaves a folder still known as the stage's.
+            self._discard(stage, folder)
+            folder.mkdir(parents=True, exist_ok=True)
+        _remove_debris(stage, folder)
+        if not resumed:
+            write_json_atomic(self._started(stage.name), {"fingerprint": fp})
+
+    def _discard(self, stage: Stage, folder: Path) -> None:
+        """Delete what ``stage`` wrote in ``folder`` before it starts afresh."""
+        from seed_fairseq.fileio import OutputError, delete_listed
+
+        if stage.writes is None:  # the stage's alone (see Stage)
+            shutil.rmtree(folder, ignore_errors=True)
             return
-        self._started(stage.name).unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self._started(stage.name), {"fingerprint": fp})
+        matches = sorted({p for pattern in stage.writes for p in folder.glob(pattern)})
+        for path in matches:
+            if path.is_dir() and not path.is_symlink():
+                raise OutputError(path, f"is a folder where stage {stage.name} writes a file; move it away")
+        # relative to the work dir: a stage folder that is a link is refused, never followed
+        delete_listed(self.work, [p.relative_to(self.work).as_posix() for p in matches])
 
     def run(self, stop_after: Optional[str] = None) -> Dict[str, Any]:
         from seed_fairseq.fileio import write_json_atomic

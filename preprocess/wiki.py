@@ -16,7 +16,9 @@ not build what the cleaning would remove first anyway (top-level templates,
 tags in ``_DROP_TAGS`` at top level) and removals are pops by index
 (:func:`_prune`) instead of ``Wikicode.remove``, which searches the tree for
 every node it removes. Together 5-6x faster; what is left is mostly
-mwparserfromhell's C tokenizer.
+mwparserfromhell's C tokenizer. That tokenizer is quadratic on a few kinds of
+unclosed markup and overflows its C stack on one (tests/test_faults_wiki.py):
+the extraction's per-page budget (:mod:`preprocess.extract`) covers those.
 """
 
 import bz2
@@ -25,7 +27,7 @@ import re
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Union
+from typing import Any, Dict, Iterator, List, Tuple, Union
 
 from mwparserfromhell.nodes import Heading, Tag, Template, Wikilink
 from mwparserfromhell.parser import Parser
@@ -84,16 +86,17 @@ _INTERWIKI = re.compile(r"^:?[a-z][a-z\-]{1,11}:")
 # All these patterns stay within a line ([^\S\n] is whitespace but a newline) and
 # run in linear time on any input: possessive quantifiers, and a run of spaces is
 # only tried from its first space (a plain \s+ or \(\s*...\s*\) is quadratic in a
-# long run of spaces).
+# long run of spaces). The same holds for every pattern of both cleaners
+# (tests/test_faults_wiki.py times them on adversarial runs).
 _EMPTY_PARENS = re.compile(r"\([^\S\n]*+[,;:]*+[^\S\n]*+\)")
 _PAREN_LEAD_PUNCT = re.compile(r"\([^\S\n]*+[,;:]++[^\S\n]*+")
 _SPACE_BEFORE_PUNCT = re.compile(r"(?<![^\S\n])[^\S\n]++([,.;:!?])")
 # Magic words (__NOTOC__) and leftover table/template fragments on their own line.
-_MAGIC_WORD = re.compile(r"__[A-Z]+__")
+_MAGIC_WORD = re.compile(r"__[A-Z]++__")
 # HTML tags left as text because they were unbalanced (by either cleaner).
 _STRAY_TAG = re.compile(
     r"</?(?:blockquote|div|span|br|center|small|big|sup|sub|p|poem|font|u|s|del|ins|"
-    r"abbr|cite|onlyinclude|includeonly|noinclude|nowiki|ref|references)\b[^<>\n]*/?>",
+    r"abbr|cite|onlyinclude|includeonly|noinclude|nowiki|ref|references)\b[^<>\n]*+>",
     re.IGNORECASE,
 )
 _MARKUP_LEFTOVER = ("{{", "}}", "{|", "|}", "[[", "]]", "<ref", "|-")
@@ -184,6 +187,11 @@ def iter_pages(path: Union[str, Path], stats: Dict[str, Any]) -> Iterator[str]:
     Counts pages / redirects / other namespaces in ``stats``. All low-level
     failures are turned into one PreprocessError naming the file.
     """
+    return (text for _, text in iter_articles(path, stats))
+
+
+def iter_articles(path: Union[str, Path], stats: Dict[str, Any]) -> Iterator[Tuple[str, str]]:
+    """:func:`iter_pages` with each article's title: yields (title, wikitext)."""
     path = Path(path)
     f = _open_dump(path)
     try:
@@ -202,10 +210,13 @@ def iter_pages(path: Union[str, Path], stats: Dict[str, Any]) -> Iterator[str]:
                 continue
             stats["pages"] = stats.get("pages", 0) + 1
             ns = text = None
+            title = ""
             redirect = False
             for child in elem:
                 name = _local(child.tag)
-                if name == "ns":
+                if name == "title":
+                    title = child.text or ""
+                elif name == "ns":
                     ns = (child.text or "").strip()
                 elif name == "redirect":
                     redirect = True
@@ -222,7 +233,7 @@ def iter_pages(path: Union[str, Path], stats: Dict[str, Any]) -> Iterator[str]:
                 stats["non_article_pages"] = stats.get("non_article_pages", 0) + 1
             elif text is not None and not text.lstrip().lower().startswith("#redirect"):
                 stats["articles"] = stats.get("articles", 0) + 1
-                yield text
+                yield title, text
             else:
                 stats["redirects"] = stats.get("redirects", 0) + 1
         if root is None:

@@ -22,13 +22,17 @@ italic tag and keep its headings, tables and "References" section as prose; and
 Every other pairing is local too: a stray ``{{`` or ``[[`` stays unpaired and
 costs only its own line (dropped by the markup check).
 
-Every step is linear in the page length: finditer scans, pairing stacks, and
-patterns that cannot backtrack over more than their own bracket pair.
+Every step is linear in the page length, whatever the page holds: finditer
+scans, pairing stacks, and patterns that never backtrack into a run they have
+read. No pattern has two unbounded quantifiers, nested or adjacent, that can
+match the same characters: each run is either possessive (``*+``, ``++``) or
+followed by what its class excludes, and heading lines are read with str
+methods (``tests/test_faults_wiki.py`` times every pattern on adversarial runs).
 """
 
 import html
 import re
-from typing import List
+from typing import List, Optional, Tuple
 
 from . import wiki
 
@@ -36,36 +40,40 @@ from . import wiki
 _BOLD_ITALIC = re.compile(r"'''''|'''|''")
 # An opening, closing or self-closing tag whose contents are dropped (wiki.py's
 # _DROP_TAGS: <ref>, <math>, <table> ...). Longest names first: <references> is
-# not <ref> plus "erences".
+# not <ref> plus "erences". Group 3 (the attributes) ends with "/" when the tag
+# closes itself.
 _DROP_TAG = re.compile(
-    r"<(/?)[^\S\n]*(" + "|".join(sorted(wiki._DROP_TAGS, key=len, reverse=True)) + r")\b[^<>]*?(/?)>",
+    r"<(/?)[^\S\n]*+(" + "|".join(sorted(wiki._DROP_TAGS, key=len, reverse=True)) + r")\b([^<>]*+)>",
     re.IGNORECASE,
 )
 # Runs of 2+ braces: {{template}}, {{{parameter}}} and their nestings, by brace count.
 _BRACES = re.compile(r"\{\{+|\}\}+")
 # Wiki tables open with {| and close with |} at the start of a line.
-_TABLE_EDGE = re.compile(r"^[ \t:]*(\{\||\|\})", re.MULTILINE)
+_TABLE_EDGE = re.compile(r"^[ \t:]*+(\{\||\|\})", re.MULTILINE)
 _LINK_EDGE = re.compile(r"\[\[|\]\]")
 # A link whose title starts with a namespace or interwiki prefix (File:, Category:,
 # fr:, wikt: ...): dropped, with everything inside it (captions with nested links).
 # The same test as wiki._is_dropped_link, on the raw text.
-_DROPPED_LINK = re.compile(r"\[\[[^\S\n]*[A-Za-z][A-Za-z\-]{1,11}:")
+_DROPPED_LINK = re.compile(r"\[\[[^\S\n]*+[A-Za-z][A-Za-z\-]{1,11}:")
 # [[title]] -> title, [[title|text]] -> text (no brackets inside: nested ones are gone).
-_LINK = re.compile(r"\[\[([^\[\]|\n]*)(?:\|([^\[\]\n]*))?\]\]")
+_LINK = re.compile(r"\[\[([^\[\]|\n]*+)(?:\|([^\[\]\n]*+))?\]\]")
 # [http://x.org text] -> text, [http://x.org] -> nothing; bare URLs stay, as in the parser.
+# The blanks after the URL are possessive: the text's class holds blanks too, and
+# "[^\S\n]+([^\[\]\n]*)" tried every split of a run of blanks (quadratic).
 _EXTERNAL_LINK = re.compile(
-    r"\[(?:(?:https?|ftps?|sftp|irc|ircs|news|nntp|gopher|svn|git|ssh|telnet|mms)://|//|mailto:)[^\s\[\]]*"
-    r"(?:[^\S\n]+([^\[\]\n]*))?\]",
+    r"\[(?:(?:https?|ftps?|sftp|irc|ircs|news|nntp|gopher|svn|git|ssh|telnet|mms)://|//|mailto:)[^\s\[\]]*+"
+    r"(?:[^\S\n]++([^\[\]\n]*+))?\]",
     re.IGNORECASE,
 )
-# = Heading = ... ====== Heading ======, alone on its line.
-_HEADING = re.compile(r"^(=+)[ \t]*(.*?)[ \t]*(=+)[ \t]*$", re.MULTILINE)
+# A line starting with "=": maybe a heading (= Heading = ... ====== Heading ======),
+# which _heading decides.
+_EQUALS_LINE = re.compile(r"^=[^\n]*", re.MULTILINE)
 _HORIZONTAL_RULE = re.compile(r"^-{4,}", re.MULTILINE)
 # Formatting tags whose contents are prose: the tags go, the text stays.
 _KEPT_TAG = re.compile(
     r"</?(?:abbr|b|bdi|bdo|big|blockquote|br|caption|center|cite|data|dd|del|dfn|div|dl|dt|em|font|"
     r"h[1-6]|hr|i|includeonly|ins|kbd|li|mark|noinclude|nowiki|ol|onlyinclude|p|poem|q|rp|rt|ruby|"
-    r"s|samp|section|small|span|strike|strong|sub|sup|templatestyles|time|tt|u|ul|var|wbr)\b[^<>]*>",
+    r"s|samp|section|small|span|strike|strong|sub|sup|templatestyles|time|tt|u|ul|var|wbr)\b[^<>]*+>",
     re.IGNORECASE,
 )
 # Named and numeric character references, decoded as the parser does (with the ";").
@@ -138,7 +146,7 @@ def _drop_tags(text: str) -> str:
     spans = []
     open_tags = {}
     for m in _DROP_TAG.finditer(text):
-        closing, name, self_closing = m.group(1), m.group(2).lower(), m.group(3)
+        closing, name, self_closing = m.group(1), m.group(2).lower(), m.group(3).endswith("/")
         if closing:
             if open_tags.get(name):
                 spans.append((open_tags[name].pop(), m.end()))
@@ -160,19 +168,42 @@ def _drop_tables(text: str) -> str:
     return _without(text, spans)
 
 
+def _heading(line: str) -> Optional[Tuple[int, str]]:
+    """(level, title) of a heading line, or None: what the pattern
+    ``^(=+)[ \\t]*(.*?)[ \\t]*(=+)[ \\t]*$`` reads, with str methods.
+
+    The level is the shorter of the two "=" runs; a line of "=" only is level 1
+    (the pattern leaves one "=" to the closing run). By hand because that
+    pattern backtracks through every split of a run of "=" or of blanks between
+    its three groups: cubic on a line of "=" (10 KB of them took an hour).
+    """
+    body = line.rstrip(" \t")
+    if len(body) < 2 or body[0] != "=" or body[-1] != "=":
+        return None
+    inner = body.strip("=")
+    if not inner:
+        return 1, ""
+    opening = len(body) - len(body.lstrip("="))
+    closing = len(body) - len(body.rstrip("="))
+    return min(opening, closing), inner.strip(" \t")
+
+
 def _drop_sections(text: str) -> str:
     """Every heading line, and the level-2 sections titled in wiki._DROP_SECTIONS
     (to the next heading of level 1 or 2, subsections included)."""
     out = []
     pos = 0
     dropping = False
-    for m in _HEADING.finditer(text):
+    for m in _EQUALS_LINE.finditer(text):
+        heading = _heading(m.group())
+        if heading is None:
+            continue
         if not dropping:
             out.append(text[pos : m.start()])
         pos = m.end()
-        level = min(len(m.group(1)), len(m.group(3)))
+        level, title = heading
         if level <= 2:
-            dropping = level == 2 and m.group(2).strip().lower() in wiki._DROP_SECTIONS
+            dropping = level == 2 and title.strip().lower() in wiki._DROP_SECTIONS
     if not dropping:
         out.append(text[pos:])
     return "".join(out)

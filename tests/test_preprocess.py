@@ -570,7 +570,7 @@ def test_id_mapping_equals_fairseq_preprocess(wiki_out, tmp_path):
     assert (tmp_path / "ours.idx").read_bytes() == (dest / "train.idx").read_bytes()
 
 
-def test_fairseq_train_masked_lm_on_wiki(wiki_out):
+def test_fairseq_train_masked_lm_on_wiki(wiki_out, tmp_path):
     proc = subprocess.run(
         [
             BIN / "fairseq-train",
@@ -587,7 +587,7 @@ def test_fairseq_train_masked_lm_on_wiki(wiki_out):
         ],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=tmp_path,  # fairseq creates ./checkpoints even with --no-save
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "num_updates=3" in proc.stdout + proc.stderr
@@ -614,7 +614,7 @@ def _seed_plugin_ready():
     return proc.returncode == 0
 
 
-def test_fairseq_train_seed_pretrain_on_wiki(wiki_out):
+def test_fairseq_train_seed_pretrain_on_wiki(wiki_out, tmp_path):
     if not _seed_plugin_ready():
         pytest.skip("seed_fairseq plugin (task seed_pretrain, arch seed_encoder_tiny) not available yet")
     proc = subprocess.run(
@@ -651,7 +651,7 @@ def test_fairseq_train_seed_pretrain_on_wiki(wiki_out):
         ],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=tmp_path,  # fairseq creates ./checkpoints even with --no-save
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "num_updates=3" in proc.stdout + proc.stderr
@@ -739,7 +739,7 @@ def test_shards_layout_and_training(tmp_path, text_file):
         ],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=tmp_path,  # fairseq creates ./checkpoints even with --no-save
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = proc.stdout + proc.stderr

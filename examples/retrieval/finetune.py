@@ -36,9 +36,10 @@
   negatives); the [CLS] projection and the vocabulary projection are trained
   with the encoder and saved back beside it.
 * ``OUT`` is built under a temporary name beside it and renamed into place when
-  complete, with ``OUT/finetune.json`` as this tool's record: an existing
-  ``OUT`` is replaced only if it holds that record, a non-empty folder without
-  it is refused.
+  complete, with ``OUT/finetune.json`` as this tool's record (it lists the
+  files written).  A rerun into an earlier output needs ``--force`` and
+  replaces exactly the files that record lists: anything else in ``OUT`` (notes,
+  a save-dir) stays.  A non-empty folder without the record is refused.
 
 Training uses sentence-transformers' own loop (``SentenceTransformer.old_fit``:
 AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
@@ -67,8 +68,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument(
         "--out",
         required=True,
-        help="where the fine-tuned sentence-transformers model goes: a new or empty folder, or an "
-        "earlier output of this tool (it has finetune.json), which is replaced",
+        help="where the fine-tuned sentence-transformers model goes: a new or empty folder, or (with --force) "
+        "an earlier output of this tool (it has finetune.json)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier output in --out: exactly the files its finetune.json lists; anything else in "
+        "the folder stays, and any other non-empty folder is refused, with or without --force",
     )
     p.add_argument(
         "--dev-split",
@@ -103,6 +110,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             index_kw=index_kwargs(args),
             representation=args.representation,
             sparse_top_k=args.sparse_top_k,
+            force=args.force,
         )
     except (DataFormatError, OutputError, SearchError) as e:
         return report(e)

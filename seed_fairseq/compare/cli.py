@@ -14,6 +14,7 @@ identically on 10/30/100% of the training queries, and writes results.md
 import argparse
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -45,6 +46,13 @@ def _lengths(text: str) -> List[int]:
     if any(v < 3 for v in values):
         raise ValueError("--cos-lengths: each length must be >= 3 ([CLS] + text + </s>)")
     return values
+
+
+FLAG_HELP = {
+    "--valid-docs": "documents held out for validation, at least; more are held out when they give fewer blocks "
+    "than a validation batch and --probe-size need (seed_fairseq/compare/heldout.py)",
+    "--probe-size": "validation blocks of the diagnostics' retrieval probe (0: no probe)",
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
         ("--probe-size", nonneg_int),
         ("--generator-updates", positive_int),
     ):
-        g.add_argument(flag, type=kind, default=None)
+        g.add_argument(flag, type=kind, default=None, help=FLAG_HELP.get(flag))
     g.add_argument("--encoder-args", default=None, help="encoder sizes given to every objective")
     g.add_argument("--generator-args", default=None, help="SimLM generator's encoder sizes")
     g.add_argument("--fairseq-args", default="", help="extra fairseq-train arguments for every run, e.g. --fp16")
@@ -103,6 +111,18 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--cos-lengths", default=None)
     g.add_argument("--cos-pairs", type=positive_int, default=None)
     return p
+
+
+def _read_corpus(corpus: Path) -> List[List[str]]:
+    """Its documents: the held-out set and the derived retrieval set are planned from them."""
+    from .pipeline import corpus_documents
+
+    try:
+        return corpus_documents(corpus)
+    except UnicodeDecodeError as e:
+        raise OutputError(corpus, f"--corpus: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise OutputError(corpus, f"--corpus: cannot be read ({e.strerror})") from None
 
 
 def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
@@ -158,20 +178,27 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         gpu=args.gpu,
         save_every=max(50, args.updates // 10),
     )
+    from .checks import check_plan
+    from .heldout import blocks_needed, plan_valid_docs
     from .objectives import OBJECTIVES
 
-    for o in objectives:
-        settings.batch_for(OBJECTIVES[o])  # CPDAE needs an even batch: refused now, not after an hour
+    # CPDAE needs an even batch: refused now, not after an hour
+    batches = [settings.batch_for(OBJECTIVES[o]) for o in objectives]
+    docs = _read_corpus(corpus)
+    valid_blocks = blocks_needed(batches, args.probe_size, settings.fairseq_args) if args.validate_every else 0
+    valid_docs, max_valid_docs = plan_valid_docs(corpus, docs, valid_blocks, args.tokens_per_sample, args.valid_docs)
     seeds = [args.seed + i for i in range(args.seeds)]
     resolved = {k: v for k, v in vars(args).items()}
-    return Plan(
+    plan = Plan(
         out=Path(args.out).resolve(),
         objectives=objectives,
         seeds=seeds,
         corpus=corpus,
         init=init,
         vocab_size=args.vocab_size,
-        valid_docs=args.valid_docs,
+        valid_docs=valid_docs,
+        valid_blocks=valid_blocks,
+        max_valid_docs=max_valid_docs,
         pretrain=settings,
         generator_args=shlex.split(args.generator_args),
         generator_updates=args.generator_updates,
@@ -191,9 +218,24 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         preset=args.preset,
         settings=resolved,
     )
+    check_plan(plan, docs)
+    return plan
 
 
 def main(argv: Optional[List[str]] = None, prog: str = "examples/compare_objectives.py") -> int:
+    """The command: a result table, ``error:`` and exit 2, or, on SIGINT/SIGTERM/SIGHUP, every child
+    stopped and 128 + the signal number (interrupt.py)."""
+    from .interrupt import Interrupted, handle_interrupts
+
+    with handle_interrupts():
+        try:
+            return _main(argv, prog)
+        except Interrupted as e:
+            print(f"interrupted ({signal.Signals(e.signum).name}); rerun the same command to resume", file=sys.stderr)
+            return e.exit_code
+
+
+def _main(argv: Optional[List[str]], prog: str) -> int:
     from ..retrieval.data import DataFormatError
     from ..retrieval.search import SearchError
     from .pipeline import Comparison, StageError, claim_out, lock_out

@@ -12,9 +12,13 @@
     report        OUT/results.md, results.json, *.png
 
 Each stage's fingerprint covers the options it reads and the stages it reads, so a
-rerun redoes exactly what changed; stage records live in ``OUT/.stages``.  A stage
+rerun redoes exactly what changed; stage records live in ``OUT/.stages``.  A redone
+stage deletes only the files it writes in its folder (``Stage.writes``, or the
+record of the tool it runs): a user's notes or subfolder there stay.  A stage
 killed half-way resumes with what it finished (fairseq-train from its
-``checkpoint_last.pt``, the evaluation run by run).
+``checkpoint_last.pt``, the evaluation run by run).  SIGINT, SIGTERM or SIGHUP
+stop the running fairseq-train with its process group before the driver exits,
+and a killed driver's fairseq-train stops too (interrupt.py).
 """
 
 import fcntl
@@ -22,7 +26,6 @@ import json
 import os
 import random
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -33,11 +36,22 @@ from preprocess.stages import Runner, Stage
 
 from ..fileio import OutputError, check_output_dir, write_json_atomic
 from ..retrieval.training import FinetuneConfig
+from .interrupt import run_child
 from .objectives import OBJECTIVES, PretrainSettings, common_args, eval_models, objective_args, per_update_args
 
 TOOL = "seed_fairseq.compare"
 RECORD = "compare.json"  # the tool's record in --out: the folder is its own
 STATE = ".stages"
+
+# What each stage writes in its folder (Stage.writes): a redone stage deletes exactly
+# these files, and a user's notes or subfolder beside them stay.
+FAIRSEQ_TRAIN_FILES = ("checkpoint*.pt", "train.log")  # fairseq-train's --save-dir, and its log
+RETRIEVAL_FILES = ("source.txt", "corpus.jsonl", "queries.jsonl", "qrels/*.tsv")  # data.write_beir
+BM25_RUN = "test.trec"
+EVAL_FILES = ("cls_similarity.json", "*.zeroshot.trec", "*.ft*.trec", "*.ft*.json")  # evaluation.py
+# import_from_hf, preprocess.build and export_to_hf keep a record of their files in the
+# folder and replace exactly those themselves
+OWN_RECORD = ()
 
 
 class StageError(Exception):
@@ -62,7 +76,9 @@ class Plan:
     corpus: Path
     init: Optional[Path]
     vocab_size: int
-    valid_docs: int
+    valid_docs: int  # held out first (heldout.py: the data stage adds more when they give too few blocks)
+    valid_blocks: int  # validation blocks every run needs (0: no validation)
+    max_valid_docs: int  # the most documents held out automatically
     pretrain: PretrainSettings
     generator_args: List[str]
     generator_updates: int
@@ -134,10 +150,10 @@ def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool
     cmd = [str(c) for c in cmd]
     log(" ".join(shlex.quote(c) for c in cmd))
     with open(log_file, "a" if append else "w", encoding="utf-8") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
+        returncode = run_child(cmd, f, env)  # an interrupt of the driver stops it first (interrupt.py)
+    if returncode != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise StageError(log_file, f"{Path(cmd[0]).name} failed (exit {proc.returncode}); see this log", tail)
+        raise StageError(log_file, f"{Path(cmd[0]).name} failed (exit {returncode}); see this log", tail)
 
 
 def file_fingerprint(path: Path) -> str:
@@ -169,6 +185,17 @@ def sample_documents(docs: List[List[str]], limit: int, seed: int) -> List[List[
         return docs
     keep = set(random.Random(seed).sample(range(len(docs)), limit))
     return [d for i, d in enumerate(docs) if i in keep]
+
+
+def write_retrieval_set(docs: List[List[str]], limit: int, folder: Path):
+    """The retrieval set derived from ``limit`` of the corpus ``docs`` (0: all) in ``folder``; its
+    ``DerivedSetStats``.  Also what the up-front check derives into a temporary folder (checks.py)."""
+    from ..retrieval.data import derive_retrieval_set
+
+    source = folder / "source.txt"
+    chosen = sample_documents(docs, limit, seed=1)
+    source.write_text("\n\n".join("\n".join(d) for d in chosen) + "\n", encoding="utf-8")
+    return derive_retrieval_set(source, folder, seed=1)
 
 
 def run_name(obj: str, seed: int) -> str:
@@ -267,7 +294,16 @@ class Comparison:
         st: List[Stage] = []
         data_reads = ["corpus"]
         if p.init:
-            st.append(Stage("import", self.stage_import, {"init": str(p.init)}, reads=("init",), folder="import"))
+            st.append(
+                Stage(
+                    "import",
+                    self.stage_import,
+                    {"init": str(p.init)},
+                    reads=("init",),
+                    folder="import",
+                    writes=OWN_RECORD,
+                )
+            )
             data_reads.append("import")
         st.append(
             Stage(
@@ -276,22 +312,38 @@ class Comparison:
                 {
                     "vocab_size": None if p.init else p.vocab_size,
                     "valid_docs": p.valid_docs,
+                    "valid_blocks": [p.valid_blocks, p.max_valid_docs],
                     "tps": p.pretrain.tokens_per_sample,
                 },
                 reads=tuple(data_reads),
                 folder="data-bin",
+                writes=OWN_RECORD,
             )
         )
         if p.retrieval_data is None:
             st.append(
                 Stage(
-                    "retrieval", self.stage_retrieval, {"docs": p.retrieval_docs}, reads=("corpus",), folder="retrieval"
+                    "retrieval",
+                    self.stage_retrieval,
+                    {"docs": p.retrieval_docs},
+                    reads=("corpus",),
+                    folder="retrieval",
+                    writes=RETRIEVAL_FILES,
                 )
             )
             rreads = ("retrieval",)
         else:
             rreads = ("retrieval_data",)
-        st.append(Stage("bm25", self.stage_bm25, {"k": p.k, "split": p.test_split}, reads=rreads, folder="bm25"))
+        st.append(
+            Stage(
+                "bm25",
+                self.stage_bm25,
+                {"k": p.k, "split": p.test_split},
+                reads=rreads,
+                folder="bm25",
+                writes=(BM25_RUN,),
+            )
+        )
         needs_gen = any(OBJECTIVES[o].needs_generator for o in p.objectives)
         if needs_gen:
             st.append(
@@ -301,6 +353,7 @@ class Comparison:
                     {"args": self.generator_train_args()},
                     reads=("data",),
                     folder="generator",
+                    writes=FAIRSEQ_TRAIN_FILES,
                 )
             )
         flops_reads = ("data", "generator") if needs_gen else ("data",)
@@ -333,6 +386,7 @@ class Comparison:
                         {"args": self.train_args(o, s)},
                         reads=preads,
                         folder=f"pretrain/{o}/s{s}",
+                        writes=(*FAIRSEQ_TRAIN_FILES, "attempts.json"),
                     )
                 )
                 st.append(
@@ -341,6 +395,7 @@ class Comparison:
                         lambda r, o=o, s=s: self.stage_export(o, s),
                         reads=(f"pretrain-{name}",),
                         folder=f"hf/{o}/s{s}",
+                        writes=OWN_RECORD,
                     )
                 )
                 st.append(
@@ -350,6 +405,7 @@ class Comparison:
                         {**eval_options, "seed": s},
                         reads=(f"export-{name}", *rreads),
                         folder=f"eval/{o}/s{s}",
+                        writes=EVAL_FILES,
                     )
                 )
         return st
@@ -367,11 +423,24 @@ class Comparison:
         return Runner(self.out, self.stages(), self.external(), state_dir=self.out / STATE)
 
     def check_foreign(self, runner: Runner) -> None:
-        """A stage folder that holds files but that no stage of this tool started is
-        someone else's: refuse instead of emptying it."""
+        """Refuse, before any stage runs, a stage folder the comparison cannot own:
+        one that holds files while no stage of this tool ever started there
+        (someone else's), or one reached through a symbolic link or a file (a
+        redo deletes only inside --out, never through a link).  A started
+        stage's folder may hold the user's files too: redoing the stage deletes
+        only the files it writes (``Stage.writes``)."""
         for stage in runner.stages:
             if stage.folder is None:
                 continue
+            path = self.out
+            for part in Path(stage.folder).parts:
+                path = path / part
+                if path.is_symlink() or (path.exists() and not path.is_dir()):
+                    raise OutputError(
+                        path,
+                        f"is a {'symbolic link' if path.is_symlink() else 'file'} where the comparison keeps its "
+                        f"{stage.folder} folder; it writes and deletes only inside --out: move it away",
+                    )
             folder = self.out / stage.folder
             if folder.is_dir() and any(folder.iterdir()) and not runner.started_marker(stage.name).exists():
                 raise OutputError(
@@ -397,31 +466,43 @@ class Comparison:
         return {"seconds": time.time() - t0}
 
     def stage_data(self, results) -> dict:
+        """The data, with a valid split of at least ``plan.valid_blocks`` blocks (heldout.py)."""
         from preprocess.build import build
+        from preprocess.record import load_record
+
+        from .heldout import count_blocks, more_valid_docs
 
         p, t0 = self.plan, time.time()
-        options = dict(
-            valid_docs=p.valid_docs,
-            test_docs=0,
-            workers=max(1, min(2, p.threads)),
-            seed=1,
-            max_line_pieces=p.pretrain.tokens_per_sample - 2,
-        )
+        tps = p.pretrain.tokens_per_sample
+        options = dict(test_docs=0, workers=max(1, min(2, p.threads)), seed=1, max_line_pieces=tps - 2)
         if p.init:
             options["tokenizer"] = str(self.out / "import")
         else:
             options["vocab_size"] = p.vocab_size
-        build(self.data_bin, text=[p.corpus], **options)
-        return {"seconds": time.time() - t0}
+        # This stage runs when its options or inputs changed: a finished build in the folder is
+        # the earlier one, replaced file by file as its record lists (an unfinished one resumes).
+        options["force"] = load_record(self.data_bin) is not None
+        valid_docs = p.valid_docs
+        while True:
+            build(self.data_bin, text=[p.corpus], valid_docs=valid_docs, **options)
+            blocks = count_blocks(self.data_bin, "valid", tps) if p.valid_blocks else 0
+            if blocks >= p.valid_blocks:
+                return {"seconds": time.time() - t0, "valid_docs": valid_docs, "valid_blocks": blocks}
+            more = more_valid_docs(valid_docs, blocks, p.valid_blocks, p.max_valid_docs)
+            if more <= valid_docs:
+                raise StageError(
+                    p.corpus,
+                    f"too little text for the validation: {valid_docs} held-out documents give {blocks} blocks of "
+                    f"{tps} tokens, and every run needs {p.valid_blocks} (a batch, and --probe-size blocks for the "
+                    "probe); use a larger corpus, a smaller --probe-size or --tokens-per-sample, or --validate-every 0",
+                )
+            log(f"{valid_docs} held-out documents give {blocks} validation blocks of the {p.valid_blocks} needed: "
+                f"building the data again with {more}")  # fmt: skip
+            valid_docs, options["force"] = more, True
 
     def stage_retrieval(self, results) -> dict:
-        from ..retrieval.data import derive_retrieval_set
-
-        p, t0 = self.plan, time.time()
-        docs = sample_documents(corpus_documents(p.corpus), p.retrieval_docs, seed=1)
-        source = self.out / "retrieval" / "source.txt"
-        source.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
-        stats = derive_retrieval_set(source, self.out / "retrieval", seed=1)
+        t0 = time.time()
+        stats = write_retrieval_set(corpus_documents(self.plan.corpus), self.plan.retrieval_docs, self.retrieval_dir)
         return {"seconds": time.time() - t0, **asdict(stats)}
 
     def stage_bm25(self, results) -> dict:
@@ -432,7 +513,7 @@ class Comparison:
         t0 = time.time()
         test = load_data(self.retrieval_dir, self.plan.test_split)
         run = BM25(test.corpus).retrieve({q: test.queries[q] for q in test.query_ids()}, k=self.plan.k)
-        write_trec_run(run, self.out / "bm25" / "test.trec", tag="bm25")
+        write_trec_run(run, self.out / "bm25" / BM25_RUN, tag="bm25")
         return {"seconds": time.time() - t0}
 
     def stage_generator(self, results) -> dict:

@@ -21,11 +21,17 @@ Three named terms of :class:`~seed_fairseq.criterions.multi_term.MultiTermCriter
          gathered); NOT ``--update-freq``, whose micro-batches see only their
          own negatives -- the update is then exactly the count-weighted mean of
          the micro-batches' own losses.  Validation contrasts within each
-         worker's batch (no collectives outside training).
+         worker's batch (no collectives outside training).  A batch of ONE text
+         contrasted on its own (a single worker, or validation) has no
+         negative: its ``cl`` is skipped -- no loss, no units, nothing in
+         ``cl_acc`` (the task counts it 0) -- with a warning; settings where
+         every batch could be one text (``--batch-size 1``, ``--max-tokens``
+         below two blocks) are refused on a single worker.
 
 ``bow`` and ``cl`` see the encoder only through [CLS].
 """
 
+import logging
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
@@ -35,11 +41,14 @@ from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 from omegaconf import II
 
+from ..errors import ConfigurationError
 from ..modules.contrastive import data_parallel_group, dense_similarity, info_nce_sum
 from ..modules.js_divergence import pairwise_js
-from ..tasks.cpdae_pretrain import DUMMY_BATCH
+from ..tasks.cpdae_pretrain import DUMMY_BATCH, has_negatives
 from .multi_term import MultiTermCriterion, Term
 from .vocab_loss import VocabLossConfig, VocabLossMixin
+
+logger = logging.getLogger(__name__)
 
 CONTRAST_CHOICES = ChoiceEnum(["words", "cls"])
 REDUCTION_CHOICES = ChoiceEnum(["sum", "mean"])
@@ -75,7 +84,28 @@ class CpdaePretrainCriterionConfig(VocabLossConfig):
         metadata={"help": "divides the contrastive logits (the paper has none: 1); must be > 0"},
     )
     batch_size: Optional[int] = II("dataset.batch_size")
+    max_tokens: Optional[int] = II("dataset.max_tokens")
+    tokens_per_sample: int = II("task.tokens_per_sample")
     distributed_world_size: int = II("distributed_training.distributed_world_size")
+
+
+def check_two_texts_per_batch(batch_size: Optional[int], max_tokens: Optional[int], tokens_per_sample) -> None:
+    """On a single worker, refuse batch settings under which a batch can hold one text: its
+    contrastive loss would have no negative (L_CL 0, cl_acc 100) for every such batch."""
+    why = None
+    if batch_size == 1:
+        why = "--batch-size 1"
+    elif max_tokens is not None and tokens_per_sample and max_tokens < 2 * tokens_per_sample:
+        why = (
+            f"--max-tokens {max_tokens} (below two blocks of --tokens-per-sample {tokens_per_sample}: a batch of "
+            "full blocks holds one text)"
+        )
+    if why is not None:
+        raise ConfigurationError(
+            f"{why} on a single worker gives the contrastive loss no negatives (the other view of the same text "
+            "is its only candidate, so L_CL would be 0): use --batch-size >= 2 and --max-tokens >= "
+            "2 x --tokens-per-sample, more workers, or --contrastive-weight 0"
+        )
 
 
 def word_columns(dictionary) -> torch.Tensor:
@@ -109,6 +139,8 @@ class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
         bow_reduction="sum",
         contrast_temperature=1.0,
         batch_size=None,
+        max_tokens=None,
+        tokens_per_sample=None,
         distributed_world_size=1,
         vocab_loss="chunked",
         vocab_loss_chunk_size=0,
@@ -122,18 +154,24 @@ class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
                 raise ValueError(f"{option} must be >= 0, got {value}")
         if not contrast_temperature > 0:
             raise ValueError(f"--contrast-temperature must be > 0, got {contrast_temperature}")
-        if contrastive_weight > 0 and batch_size == 1 and (distributed_world_size or 1) <= 1:
-            raise ValueError(
-                "--batch-size 1 on a single worker gives the contrastive loss no negatives (the other view "
-                "of the same text is its only candidate, so L_CL would be 0 throughout): use --batch-size >= 2, "
-                "more workers, or --contrastive-weight 0"
-            )
+        if contrastive_weight > 0 and (distributed_world_size or 1) <= 1:
+            check_two_texts_per_batch(batch_size, max_tokens, tokens_per_sample)
         super().__init__(task, {"mlm": mlm_weight, "bow": bow_weight, "cl": contrastive_weight})
+        self._warned_single_text = False
         self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
         self.contrast = str(contrast)
         self.bow_reduction = str(bow_reduction)
         self.temperature = float(contrast_temperature)
         self.register_buffer("word_ids", word_columns(task.source_dictionary), persistent=False)
+
+    def _warn_single_text(self) -> None:
+        if not self._warned_single_text:
+            self._warned_single_text = True
+            logger.warning(
+                "a batch holds a single text: its contrastive term has no negative and is skipped (no loss, "
+                "no units in cl_loss / cl_acc); the last batch of an epoch can be one text with "
+                "--required-batch-size-multiple 1 (said once)"
+            )
 
     def bow_targets(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, words) multi-hot over the word columns (fp32)."""
@@ -159,6 +197,9 @@ class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
         else:
             views, similarity = extra["cls"].float(), dense_similarity
         group = data_parallel_group() if model.training else None
+        if not has_negatives(sample, group is not None):
+            self._warn_single_text()
+            return terms  # no "cl": logged with 0 units, like a term the model does not produce
         loss, correct = info_nce_sum(
             views, similarity, self.temperature, group=group, contribute=not sample.get(DUMMY_BATCH, False)
         )

@@ -6,12 +6,13 @@ no segments); the tokenizer reproduces pre-training's normalisation and ids.
 Everything is checked numerically against fairseq BEFORE the output folder
 appears: the folder is assembled under a temporary name, reloaded with
 ``AutoModel``/``AutoTokenizer``/``SentenceTransformer``, compared again, and
-only then renamed into place.
+only then renamed into place.  ``--force`` on an earlier export replaces
+exactly the files its record lists; anything else in the folder stays
+(``fileio.staged_output``).
 """
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
@@ -19,15 +20,7 @@ import torch
 
 from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
 from ..dictionary import dictionary_sha256
-from ..fileio import (
-    OutputError,
-    PathLike,
-    check_output_dir,
-    chmod_tree,
-    replace_dir,
-    temp_dir_beside,
-    write_json_atomic,
-)
+from ..fileio import OutputError, PathLike, owned_output, staged_output, write_output_record
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .tokenizer import build_tokenizer, fairseq_encode
@@ -55,8 +48,10 @@ class ExportError(ValueError):
     pass
 
 
-# written last into every export: the folder is this tool's own (see fileio.check_output_dir)
+# written last into every export: the folder is this tool's own, and these its files
+# (see fileio.staged_output)
 EXPORT_RECORD = "seed_fairseq_export.json"
+TOOL = "examples/export_to_hf.py"
 
 
 def _architecture_problems(m):
@@ -154,13 +149,15 @@ def _hf_texts(data, dictionary, rec):
 
 
 def load_inputs(
-    checkpoint: PathLike, data: PathLike
+    checkpoint: PathLike, data: PathLike, trust: bool = False
 ) -> Tuple[dict, dict, dict, "Dictionary", Union[SpmTexts, HFTexts], Tuple[str, ...]]:
     """Checkpoint, its model config, the data's dictionary and texts (how raw text becomes
-    ids), and the state-dict prefixes that are not exported (the pre-training-only modules)."""
+    ids), and the state-dict prefixes that are not exported (the pre-training-only modules).
+    The checkpoint is loaded without running code from it unless ``trust``
+    (``--trust-checkpoint``; ``checkpoint.load_torch_file``)."""
     from fairseq.data import Dictionary
 
-    import seed_fairseq  # noqa: F401  (registers the model; trusted checkpoint loading)
+    import seed_fairseq  # noqa: F401  (registers the model; fairseq's checkpoint loading without code)
 
     checkpoint, data = Path(checkpoint), Path(data)
     try:
@@ -175,7 +172,7 @@ def load_inputs(
                 "(or by examples/import_from_hf.py)"
             )
     try:
-        state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)})
+        state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)}, trust=trust)
     except CheckpointError as e:
         raise ExportError(str(e)) from e
     cfg = plain_config(state.get("cfg") or {})
@@ -493,11 +490,13 @@ def export(
     representation: Optional[str] = None,
     dupmae_dim: Optional[int] = None,
     dupmae_top_k: Optional[int] = None,
+    trust_checkpoint: bool = False,
 ) -> Path:
     """``representation``: ``dupmae`` adds DupMAE's head files (``dupmae_export.py``),
     ``cls`` does not; None: ``dupmae`` for a DupMAE checkpoint exported without the
     MLM head, else ``cls``.  ``dupmae_dim`` (d', default min(384, d)) and
-    ``dupmae_top_k`` (k, default min(384, selectable vocabulary)) configure it."""
+    ``dupmae_top_k`` (k, default min(384, selectable vocabulary)) configure it.
+    ``trust_checkpoint``: load the checkpoint with the full unpickler (``load_inputs``)."""
     from fairseq import checkpoint_utils
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, XLMRobertaForMaskedLM, XLMRobertaModel
 
@@ -512,12 +511,12 @@ def export(
             "the sentence-transformers encoder folder (it holds the MLM head itself)"
         )
     try:
-        earlier = check_output_dir(out, EXPORT_RECORD, "examples/export_to_hf.py")
+        earlier = owned_output(out, EXPORT_RECORD, TOOL)
     except OutputError as e:
         raise ExportError(str(e)) from e
-    if earlier and not force:
+    if earlier is not None and earlier.complete and not force:
         raise ExportError(f"{out}: holds an earlier export; pass --force to replace it")
-    state, cfg, model_cfg, dictionary, texts_source, dropped = load_inputs(checkpoint, data)
+    state, cfg, model_cfg, dictionary, texts_source, dropped = load_inputs(checkpoint, data, trust_checkpoint)
     max_len = model_cfg["max_positions"]
     if representation is None:
         representation = "cls" if with_lm_head else dupmae_export.default_representation(cfg)
@@ -561,62 +560,57 @@ def export(
         head_diff = _verify_head(fs_model, head, tokenizer, texts, max_len, atol, hf_model)
         logger.info(f"DupMAE head (d'={dupmae_dim}, k={dupmae_top_k}) vs fairseq: max abs diff {head_diff:.2e}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = temp_dir_beside(out)
     try:
-        hf_model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        if not with_lm_head:
-            from sentence_transformers import SentenceTransformer
+        with staged_output(out, EXPORT_RECORD, TOOL, replace=force) as staging:
+            hf_model.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            if not with_lm_head:
+                from sentence_transformers import SentenceTransformer
 
-            try:  # sentence-transformers >= 6; importing sentence_transformers.models warns there
-                from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-            except ImportError:  # 3.x - 5.x
-                from sentence_transformers.models import Pooling, Transformer
+                try:  # sentence-transformers >= 6; importing sentence_transformers.models warns there
+                    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+                except ImportError:  # 3.x - 5.x
+                    from sentence_transformers.models import Pooling, Transformer
 
-            word = Transformer(str(staging), max_seq_length=max_len)
-            # sentence-transformers >= 5 renamed get_word_embedding_dimension (the old name warns)
-            dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
-            pooling = Pooling(dim(), pooling_mode="cls")
-            SentenceTransformer(modules=[word, pooling], device="cpu").save(str(staging))
-        card = model_card(cfg, model_cfg, state, src, diff, with_lm_head)
-        if head is not None:
-            head.save(staging)
-            card += dupmae_card(head)
-        (staging / "README.md").write_text(card)
-        # the written folder, reloaded the way users will load it
-        auto = (AutoModelForMaskedLM if with_lm_head else AutoModel).from_pretrained(staging).eval()
-        verify(
-            fs_model,
-            auto,
-            AutoTokenizer.from_pretrained(staging),
-            src,
-            texts,
-            max_len,
-            atol,
-            with_lm_head,
-        )
-        if head is not None:  # the head files, reloaded the way the retrieval tools load them
-            _verify_head(fs_model, staging, tokenizer, texts, max_len, atol)
-        # the record last: it is what makes the folder this tool's own (--force may replace it)
-        write_json_atomic(
-            staging / EXPORT_RECORD,
-            {
-                "tool": "seed_fairseq.hf.export",
-                "checkpoint": str(Path(checkpoint).resolve()),
-                "data": str(Path(data).resolve()),
-                "dictionary_sha256": dictionary_sha256(Path(data) / "dict.txt"),
-                "with_lm_head": with_lm_head,
-                "representation": representation,
-                "max_abs_diff": diff,
-                "files": sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
-                + [EXPORT_RECORD],
-            },
-        )
-        chmod_tree(staging)
-        replace_dir(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+                word = Transformer(str(staging), max_seq_length=max_len)
+                # sentence-transformers >= 5 renamed get_word_embedding_dimension (the old name warns)
+                dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
+                pooling = Pooling(dim(), pooling_mode="cls")
+                SentenceTransformer(modules=[word, pooling], device="cpu").save(str(staging))
+            card = model_card(cfg, model_cfg, state, src, diff, with_lm_head)
+            if head is not None:
+                head.save(staging)
+                card += dupmae_card(head)
+            (staging / "README.md").write_text(card)
+            # the written folder, reloaded the way users will load it
+            auto = (AutoModelForMaskedLM if with_lm_head else AutoModel).from_pretrained(staging).eval()
+            verify(
+                fs_model,
+                auto,
+                AutoTokenizer.from_pretrained(staging),
+                src,
+                texts,
+                max_len,
+                atol,
+                with_lm_head,
+            )
+            if head is not None:  # the head files, reloaded the way the retrieval tools load them
+                _verify_head(fs_model, staging, tokenizer, texts, max_len, atol)
+            # the record last: it lists the files --force may replace (nothing else in OUT)
+            write_output_record(
+                staging,
+                EXPORT_RECORD,
+                {
+                    "tool": "seed_fairseq.hf.export",
+                    "checkpoint": str(Path(checkpoint).resolve()),
+                    "data": str(Path(data).resolve()),
+                    "dictionary_sha256": dictionary_sha256(Path(data) / "dict.txt"),
+                    "with_lm_head": with_lm_head,
+                    "representation": representation,
+                    "max_abs_diff": diff,
+                },
+            )
+    except OutputError as e:
+        raise ExportError(str(e)) from None
     logger.info(f"wrote {out}")
     return out

@@ -9,40 +9,60 @@
     OUT/tokenizer/           the model's tokenizer (what preprocess.build --tokenizer and the
                              export use)
     OUT/model_args.txt       the fairseq-train options that rebuild this encoder exactly
-    OUT/seed_fairseq_import.json   this tool's record, written last
+    OUT/seed_fairseq_import.json   this tool's record, written last; it lists the files above
 
 Before the folder appears, the fairseq encoder built from the written files is
 compared with the HF model on the same text (features, and MLM logits when
 there is a head); the folder is assembled under a temporary name and renamed.
+``--force`` on an earlier import replaces exactly the files its record lists:
+anything else in OUT (a user's notes) stays (``fileio.staged_output``).
+Weights stored in fp16 or bf16 are read, compared (the HF reference loaded in
+float32) and written in float32; the record says the stored precision.
 """
 
-import json
 import logging
 import shlex
-import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from ..fileio import (
     OutputError,
-    check_output_dir,
-    chmod_tree,
-    replace_dir,
-    temp_dir_beside,
+    owned_output,
+    staged_output,
     write_json_atomic,
+    write_output_record,
     write_text_atomic,
+)
+from .folder import (
+    CONFIG,
+    SIZES,
+    HFFolderError,
+    check_fits_weights,
+    check_sizes,
+    read_config,
+    read_weights,
+    transformers_config,
 )
 from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq
 from .keymap import UnmappedKeyError
 from .vocab import RECORD as VOCAB_RECORD
-from .vocab import TOKENIZER_DIR, TokenizerError, load_fast_tokenizer, vocab_from_tokenizer, write_dict
+from .vocab import (
+    TOKENIZER_DIR,
+    TokenizerError,
+    TokenizerVocab,
+    check_tokenizer_fits,
+    load_fast_tokenizer,
+    vocab_from_tokenizer,
+    write_dict,
+)
 
 if TYPE_CHECKING:
     from fairseq.models import BaseFairseqModel
     from fairseq.tasks import FairseqTask
     from omegaconf import DictConfig
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger("seed_fairseq.hf")
 
@@ -53,6 +73,12 @@ TOOL = "examples/import_from_hf.py"
 
 # HF hidden_act -> fairseq activation_fn computing the same function
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_accurate", "tanh": "tanh"}
+# config.json numbers the import reads: key -> (transformers' default, check, what the check wants)
+FLOAT_SETTINGS = {
+    "layer_norm_eps": (1e-12, lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "hidden_dropout_prob": (0.1, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "attention_probs_dropout_prob": (0.1, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+}
 
 # Strings every import is checked on: accents, CJK, emoji, a long word, case, empty.
 CHECK_STRINGS = [
@@ -69,65 +95,83 @@ class HFImportError(ValueError):
     """Bad input for the import; ``str()`` names the file and the problem."""
 
 
-def read_hf_weights(folder: Path) -> Dict[str, torch.Tensor]:
-    """The model's tensors from safetensors or pytorch_model.bin (sharded or not)."""
-    folder = Path(folder)
-    for index_name, loader in (("model.safetensors.index.json", "st"), ("pytorch_model.bin.index.json", "pt")):
-        index = folder / index_name
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return {k: v for s in shards for k, v in _load_weights(folder / s, loader).items()}
-    for name, loader in (("model.safetensors", "st"), ("pytorch_model.bin", "pt")):
-        if (folder / name).is_file():
-            return _load_weights(folder / name, loader)
-    raise HFImportError(f"{folder}: no model weights (model.safetensors or pytorch_model.bin)")
-
-
-def _load_weights(path: Path, loader: str) -> Dict[str, torch.Tensor]:
-    try:
-        if loader == "st":
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
-        return torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise HFImportError(f"{path}: cannot read the weights ({type(e).__name__}: {e})") from None
-
-
-def read_hf_config(folder: Path) -> dict:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise HFImportError(f"{path}: not found; --model must be a local HuggingFace model folder")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise HFImportError(f"{path}: not JSON ({e})") from None
-    return cfg
-
-
 def check_architecture(cfg: dict, path: Path) -> Family:
     """The family of a supported HF config, or one clear error saying why not."""
+    config_path = path / CONFIG
     model_type = cfg.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        architectures = cfg.get("architectures")
+        named = ", ".join(a for a in architectures if isinstance(a, str)) if isinstance(architectures, list) else ""
         raise HFImportError(
-            f"{path / 'config.json'}: unsupported architecture model_type={model_type!r} "
-            f"({', '.join(cfg.get('architectures') or [])}); supported: {sorted(FAMILIES)} "
+            f"{config_path}: unsupported architecture model_type={model_type!r} "
+            f"({named}); supported: {sorted(FAMILIES)} "
             "(post-LN BERT, RoBERTa and XLM-R encoders)"
         )
+    try:
+        check_sizes(cfg, config_path, required=SIZES)
+    except HFFolderError as e:
+        raise HFImportError(str(e)) from None
     problems = []
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         problems.append(f"position_embedding_type={cfg['position_embedding_type']!r} (needs 'absolute')")
     if cfg.get("is_decoder") or cfg.get("add_cross_attention"):
         problems.append("a decoder (is_decoder / add_cross_attention)")
-    if cfg.get("hidden_act", "gelu") not in ACTIVATIONS:
-        problems.append(f"hidden_act={cfg.get('hidden_act')!r} (supported: {sorted(ACTIVATIONS)})")
+    act = cfg.get("hidden_act", "gelu")
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        problems.append(f"hidden_act={act!r} (supported: {sorted(ACTIVATIONS)})")
     if cfg.get("tie_word_embeddings", True) is False:
         problems.append("tie_word_embeddings=false (fairseq ties the output projection)")
     if cfg["hidden_size"] % cfg["num_attention_heads"]:
         problems.append("hidden_size is not a multiple of num_attention_heads")
     if problems:
-        raise HFImportError(f"{path / 'config.json'}: no exact fairseq equivalent: " + "; ".join(problems))
+        raise HFImportError(f"{config_path}: no exact fairseq equivalent: " + "; ".join(problems))
+    for key, (default, ok, wanted) in FLOAT_SETTINGS.items():
+        value = cfg.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            raise HFImportError(f"{config_path}: {key} must be {wanted}, got {value!r}")
     return FAMILIES[model_type]
+
+
+def stored_dtype(weights: Dict[str, torch.Tensor]) -> str:
+    """The floating-point type(s) the weights are stored in: ``float32``, ``float16``, ..."""
+    kinds = {str(v.dtype).replace("torch.", "") for v in weights.values() if v.is_floating_point()}
+    return "+".join(sorted(kinds)) or "none"
+
+
+class Source(NamedTuple):
+    config: dict
+    family: Family
+    weights: Dict[str, torch.Tensor]  # in float32
+    stored_dtype: str  # what the files hold: float32, float16, bfloat16
+    tokenizer: "PreTrainedTokenizerFast"
+    vocab: TokenizerVocab
+
+
+def read_source(hf_dir: Path) -> Source:
+    """The HF folder's parts, each checked against the others before anything is built:
+    a size the weights contradict is config.json's fault, a tokenizer that does not
+    cover the word embedding is the tokenizer's."""
+    try:
+        hf_cfg = read_config(hf_dir)
+        family = check_architecture(hf_cfg, hf_dir)
+        # transformers' own type checks: the reference model and the tokenizer read config.json too
+        transformers_config(hf_dir)
+        weights = read_weights(hf_dir)
+        check_fits_weights(hf_cfg, {k: tuple(v.shape) for k, v in weights.items()}, hf_dir / CONFIG)
+    except HFFolderError as e:
+        raise HFImportError(str(e)) from None
+    dtype = stored_dtype(weights)
+    # fp16 / bf16 weights are compared and written in float32: folding the token-type row
+    # into the positions in fp16 would round, and fairseq trains an fp32 master copy anyway
+    weights = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+    rows = hf_cfg["vocab_size"]  # the word embedding's rows (check_fits_weights)
+    try:
+        tok = load_fast_tokenizer(hf_dir)
+        check_tokenizer_fits(tok, rows, hf_dir)
+        vocab = vocab_from_tokenizer(tok, hf_dir, expected_size=rows)
+    except TokenizerError as e:
+        raise HFImportError(str(e)) from None
+    return Source(hf_cfg, family, weights, dtype, tok, vocab)
 
 
 def model_args(cfg: dict, max_positions: int) -> List[str]:
@@ -146,11 +190,11 @@ def model_args(cfg: dict, max_positions: int) -> List[str]:
         "--activation-fn",
         ACTIVATIONS[cfg.get("hidden_act", "gelu")],
         "--encoder-layer-norm-eps",
-        repr(float(cfg.get("layer_norm_eps", 1e-12))),
+        repr(float(cfg.get("layer_norm_eps", FLOAT_SETTINGS["layer_norm_eps"][0]))),
         "--dropout",
-        repr(float(cfg.get("hidden_dropout_prob", 0.1))),
+        repr(float(cfg.get("hidden_dropout_prob", FLOAT_SETTINGS["hidden_dropout_prob"][0]))),
         "--attention-dropout",
-        repr(float(cfg.get("attention_probs_dropout_prob", 0.1))),
+        repr(float(cfg.get("attention_probs_dropout_prob", FLOAT_SETTINGS["attention_probs_dropout_prob"][0]))),
     ]
 
 
@@ -245,13 +289,15 @@ def compare(fs_model, hf_model, hf_mlm, tok, vocab, texts, max_len) -> float:
 
 
 def _load_hf(auto_class, folder):
-    """The HF reference, quietly: its load report lists the heads the class leaves out."""
+    """The HF reference in float32, quietly: its load report lists the heads the class
+    leaves out.  transformers 5 otherwise keeps the stored dtype (fp16 / bf16), which
+    differs from any fp32 computation by far more than ``atol``."""
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return auto_class.from_pretrained(str(folder), local_files_only=True).eval()
+        return auto_class.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32).eval()
     finally:
         hf_logging.set_verbosity(level)
 
@@ -265,20 +311,13 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
 
     hf_dir, out = Path(hf_dir), Path(out)
     try:
-        earlier = check_output_dir(out, IMPORT_RECORD, TOOL)
+        earlier = owned_output(out, IMPORT_RECORD, TOOL)
     except OutputError as e:
         raise HFImportError(str(e)) from None
-    if earlier and not force:
+    if earlier is not None and earlier.complete and not force:
         raise HFImportError(f"{out}: holds an earlier import; pass --force to replace it")
-    hf_cfg = read_hf_config(hf_dir)
-    family = check_architecture(hf_cfg, hf_dir)
-    weights = read_hf_weights(hf_dir)
-    rows = hf_cfg.get("vocab_size")
-    try:
-        tok = load_fast_tokenizer(hf_dir)
-        vocab = vocab_from_tokenizer(tok, hf_dir, expected_size=rows)
-    except TokenizerError as e:
-        raise HFImportError(str(e)) from None
+    hf_cfg, family, weights, source_dtype, tok, vocab = read_source(hf_dir)
+    logger.info(f"{hf_dir}: weights stored in {source_dtype}; imported, compared and written in float32")
     pad = vocab.fairseq_to_hf[1]
     layers = hf_cfg["num_hidden_layers"]
     try:
@@ -291,72 +330,75 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
     has_head = HEAD + "bias" in fs_state
     args = model_args(hf_cfg, max_positions)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = temp_dir_beside(out)
+    # OUT keeps what its record does not list (a user's notes); see fileio.staged_output
     try:
-        write_dict(vocab, staging / "dict.txt")
-        write_json_atomic(staging / VOCAB_RECORD, vocab.record())
-        tok.save_pretrained(str(staging / TOKENIZER_DIR))
-        cfg, task, model = build_fairseq(staging, args, tokens_per_sample=min(512, max_positions))
-        if not has_head:
-            fs_state.update(fresh_head(model, seed))
-            logger.warning(
-                f"{hf_dir}: the model has no MLM head: encoder.lm_head is freshly initialised "
-                "(BERT init); continued pre-training trains it from scratch"
-            )
-        # fairseq's state dict names the tied output projection separately
-        fs_state[HEAD + "weight"] = fs_state["encoder.sentence_encoder.embed_tokens.weight"]
-        missing, unexpected = model.load_state_dict(fs_state, strict=False)
-        buffers = {name for name, _ in model.named_buffers()}
-        missing = [k for k in missing if k not in buffers]
-        if missing or unexpected:
-            raise HFImportError(f"{hf_dir}: mapped state does not fit the fairseq encoder: {missing} {unexpected}")
-        model.eval()
+        with staged_output(out, IMPORT_RECORD, TOOL, replace=force) as staging:
+            write_dict(vocab, staging / "dict.txt")
+            write_json_atomic(staging / VOCAB_RECORD, vocab.record())
+            tok.save_pretrained(str(staging / TOKENIZER_DIR))
+            cfg, task, model = build_fairseq(staging, args, tokens_per_sample=min(512, max_positions))
+            if not has_head:
+                fs_state.update(fresh_head(model, seed))
+                logger.warning(
+                    f"{hf_dir}: the model has no MLM head: encoder.lm_head is freshly initialised "
+                    "(BERT init); continued pre-training trains it from scratch"
+                )
+            # fairseq's state dict names the tied output projection separately
+            fs_state[HEAD + "weight"] = fs_state["encoder.sentence_encoder.embed_tokens.weight"]
+            missing, unexpected = model.load_state_dict(fs_state, strict=False)
+            buffers = {name for name, _ in model.named_buffers()}
+            missing = [k for k in missing if k not in buffers]
+            if missing or unexpected:
+                raise HFImportError(
+                    f"{hf_dir}: mapped state does not fit the fairseq encoder: {missing} {unexpected}"
+                )
+            model.eval()
 
-        hf_model, hf_mlm = _load_hf(AutoModel, hf_dir), _load_hf(AutoModelForMaskedLM, hf_dir) if has_head else None
-        diff = compare(model, hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions)
-        if not diff <= atol:
-            raise HFImportError(f"{hf_dir}: fairseq outputs differ from HF's: max abs diff {diff:.3g} > {atol:g}")
+            hf_model = _load_hf(AutoModel, hf_dir)
+            hf_mlm = _load_hf(AutoModelForMaskedLM, hf_dir) if has_head else None
+            diff = compare(model, hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions)
+            if not diff <= atol:
+                raise HFImportError(
+                    f"{hf_dir}: fairseq outputs differ from HF's: max abs diff {diff:.3g} > {atol:g}"
+                )
 
-        source = {
-            "source": "import_from_hf",
-            "model": str(hf_dir.resolve()),
-            "family": family.name,
-            "mlm_head": "imported" if has_head else "fresh",
-        }
-        save_atomic(checkpoint_dict(cfg, model, task, source), staging / CHECKPOINT)
-        # the checkpoint as fairseq reads it, once more against HF
-        (loaded,), _ = checkpoint_utils.load_model_ensemble(
-            [str(staging / CHECKPOINT)], arg_overrides={"data": str(staging)}
-        )
-        diff = max(diff, compare(loaded.eval(), hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions))
-        if not diff <= atol:
-            raise HFImportError(f"{hf_dir}: the written checkpoint differs from HF: max abs diff {diff:.3g}")
-        write_text_atomic(staging / MODEL_ARGS, shlex.join(args) + "\n")
-        logger.info(f"fairseq vs HF on {len(CHECK_STRINGS)} strings: max abs diff {diff:.2e}")
-        write_json_atomic(
-            staging / IMPORT_RECORD,
-            {
-                "tool": "seed_fairseq.hf.import_",
+            source = {
+                "source": "import_from_hf",
                 "model": str(hf_dir.resolve()),
                 "family": family.name,
-                "hf_architectures": hf_cfg.get("architectures"),
-                "mlm_head": source["mlm_head"],
-                "dropped_keys": dropped,
-                "dictionary_sha256": dictionary_sha256(staging / "dict.txt"),
-                "tokenizer_sha256": vocab.sha256,
-                "max_positions": max_positions,
-                "model_args": args,
-                "max_abs_diff": diff,
-                "files": sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
-                + [IMPORT_RECORD],
-            },
-        )
-        chmod_tree(staging)
-        replace_dir(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+                "mlm_head": "imported" if has_head else "fresh",
+                "source_dtype": source_dtype,
+            }
+            save_atomic(checkpoint_dict(cfg, model, task, source), staging / CHECKPOINT)
+            # the checkpoint as fairseq reads it, once more against HF
+            (loaded,), _ = checkpoint_utils.load_model_ensemble(
+                [str(staging / CHECKPOINT)], arg_overrides={"data": str(staging)}
+            )
+            diff = max(diff, compare(loaded.eval(), hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions))
+            if not diff <= atol:
+                raise HFImportError(f"{hf_dir}: the written checkpoint differs from HF: max abs diff {diff:.3g}")
+            write_text_atomic(staging / MODEL_ARGS, shlex.join(args) + "\n")
+            logger.info(f"fairseq vs HF on {len(CHECK_STRINGS)} strings: max abs diff {diff:.2e}")
+            write_output_record(
+                staging,
+                IMPORT_RECORD,
+                {
+                    "tool": "seed_fairseq.hf.import_",
+                    "model": str(hf_dir.resolve()),
+                    "family": family.name,
+                    "hf_architectures": hf_cfg.get("architectures"),
+                    "mlm_head": source["mlm_head"],
+                    "source_dtype": source_dtype,  # the checkpoint holds float32 whatever the source stored
+                    "dropped_keys": dropped,
+                    "dictionary_sha256": dictionary_sha256(staging / "dict.txt"),
+                    "tokenizer_sha256": vocab.sha256,
+                    "max_positions": max_positions,
+                    "model_args": args,
+                    "max_abs_diff": diff,
+                },
+            )
+    except OutputError as e:
+        raise HFImportError(str(e)) from None
     logger.info(f"wrote {out}")
     return out
 

@@ -65,6 +65,23 @@ def tokenizer_folder(path) -> Path:
     return path
 
 
+def broken_json(folder) -> Optional[TokenizerError]:
+    """The error naming the first ``*.json`` of ``folder`` that is not JSON, or a
+    tokenizer file (``*token*.json``) that is not a JSON object; None if all are fine.
+
+    For the message only, once loading failed: transformers reports either as a
+    ``JSONDecodeError`` or an ``AttributeError`` without the file's name.
+    """
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            return TokenizerError(path, f"not JSON ({e})")
+        if "token" in path.name and not isinstance(value, dict):
+            return TokenizerError(path, f"not a JSON object but a {type(value).__name__}")
+    return None
+
+
 def load_fast_tokenizer(path) -> "PreTrainedTokenizerFast":
     """The folder's own tokenizer through ``AutoTokenizer`` (fast only), offline."""
     path = Path(path)
@@ -75,10 +92,65 @@ def load_fast_tokenizer(path) -> "PreTrainedTokenizerFast":
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises many kinds for a folder it cannot read
-        raise TokenizerError(path, f"no loadable HuggingFace tokenizer ({type(e).__name__}: {e})") from None
+        raise broken_json(path) or TokenizerError(
+            path, f"no loadable HuggingFace tokenizer ({type(e).__name__}: {e})"
+        ) from None
     if not getattr(tok, "is_fast", False):
         raise TokenizerError(path, f"{type(tok).__name__} is not a fast (Rust) tokenizer; a tokenizer.json is needed")
+    check_usable(tok, path)
     return tok
+
+
+# Spare embedding rows a model may have beyond its tokenizer: matrices are padded for
+# fast matmuls (fairseq and Megatron to a multiple of 8; T5 has 28 spare rows over
+# 32,100 tokens, DeBERTa-v3 99 over 128,001, Phi-2 905 over 50,295), so up to 7
+# rows, or fewer than 1/32 of the tokenizer's size.  transformers builds a 5-token
+# tokenizer for a folder without its tokenizer files: 5 tokens for 400 rows is
+# refused by this rule, not taken for padding.
+SPARE_ROWS, SPARE_FRACTION = 7, 32
+# a sentence any usable tokenizer has a known token for (digits are in every vocabulary)
+PROBE = "the 1 2 3 and 2024"
+
+
+def check_usable(tok, path) -> None:
+    """Refuse a tokenizer with no ordinary token, or one that maps a plain sentence to
+    unknown tokens only: what transformers builds for a folder whose tokenizer files are
+    missing (its 5 special tokens), which would turn every text into ``<unk>``."""
+    ordinary = len(tok) - len(set(tok.all_special_ids))
+    if ordinary < 1:
+        raise TokenizerError(
+            path,
+            f"no usable tokenizer: it has only its {len(tok)} special tokens (tokenizer files missing or "
+            "incomplete: transformers builds such a tokenizer for a folder without them)",
+        )
+    unk = getattr(tok, "unk_token_id", None)
+    ids = tok(PROBE, add_special_tokens=False)["input_ids"]
+    if unk is not None and ids and all(i == unk for i in ids):
+        raise TokenizerError(path, f"no usable tokenizer: it encodes {PROBE!r} to unknown tokens only")
+
+
+def check_tokenizer_fits(tok, rows: int, path) -> None:
+    """Refuse a tokenizer that cannot be the model's own: an id it can produce beyond the
+    word embedding's ``rows`` (an index error, or another row's vector), far fewer
+    tokens than rows (missing tokenizer files: transformers then builds a near-empty
+    tokenizer and every word becomes ``<unk>``), or one :func:`check_usable` refuses.
+    :class:`TokenizerError` naming ``path``."""
+    vocab = tok.get_vocab()
+    n = len(tok)
+    top = max(vocab.values(), default=-1)
+    if top >= rows:
+        raise TokenizerError(
+            path,
+            f"the tokenizer has token ids up to {top} but the model's word embedding has {rows} rows: "
+            "not this model's tokenizer",
+        )
+    check_usable(tok, path)
+    if rows - n > max(SPARE_ROWS, n // SPARE_FRACTION):
+        raise TokenizerError(
+            path,
+            f"no usable tokenizer: it has {n} tokens for the model's {rows} word-embedding rows "
+            "(tokenizer files missing, incomplete or another model's)",
+        )
 
 
 def word_boundary(tok) -> tuple:

@@ -25,6 +25,7 @@ from fairseq.models.roberta import RobertaModel
 from fairseq.utils import safe_getattr
 
 from ..checkpoint import EMBED_KEY, CheckpointError
+from ..errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,21 @@ def cls_memory(features: torch.Tensor) -> dict:
         "encoder_out": [features[:, :1, :].transpose(0, 1)],
         "encoder_padding_mask": [],
     }
+
+
+def check_positions(args, task) -> None:
+    """Refuse a model with fewer positions than the task's blocks, before it is built:
+    fairseq would silently skip every longer block (nearly all of them in training)
+    and stop on the first one in validation."""
+    positions = safe_getattr(args, "max_positions", None)
+    block = safe_getattr(getattr(task, "cfg", None), "tokens_per_sample", None)
+    if positions is None or block is None or positions >= block:
+        return
+    raise ConfigurationError(
+        f"--max-positions {positions} is below --tokens-per-sample {block}: blocks of {block} tokens do not fit "
+        f"the model's {positions} positions; use --tokens-per-sample {positions} or less (an imported model's "
+        "model_args.txt sets --max-positions to the number of positions it has)"
+    )
 
 
 class BottleneckEncoderModel(RobertaModel):
@@ -58,6 +74,11 @@ class BottleneckEncoderModel(RobertaModel):
             help="epsilon of the encoder's LayerNorms (default: fairseq's 1e-5); 1e-12 continues a "
             "BERT model imported with examples/import_from_hf.py exactly",
         )
+
+    @classmethod
+    def build_model(cls, args, task) -> "BottleneckEncoderModel":
+        check_positions(args, task)
+        return super().build_model(args, task)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)

@@ -15,7 +15,9 @@ MS MARCO passage folder (https://microsoft.github.io/msmarco/)::
 Every malformed line raises :class:`DataFormatError`, whose message starts with
 ``FILE:LINE:`` so that a user can open the file at the offending line; so do
 inputs that would make every result meaningless: an empty corpus or queries
-file, a split with no relevant judgement, a judgement given twice.
+file, a split with no relevant judgement, a judgement given twice, a judged
+query with an empty text, judgements none of whose relevant documents is in
+the corpus (some of them missing is a warning: it only lowers recall).
 """
 
 import json
@@ -138,7 +140,8 @@ def _put(table: Dict[str, str], seen: Dict[str, int], key: str, value: str, path
     table[key] = value
 
 
-def _read_jsonl(path: Path, what: str, text_fields: Sequence[str]) -> Dict[str, str]:
+def _read_jsonl(path: Path, what: str, text_fields: Sequence[str]) -> Tuple[Dict[str, str], Dict[str, int]]:
+    """(id -> text, id -> line number)."""
     out: Dict[str, str] = {}
     seen: Dict[str, int] = {}
     for lineno, line in _lines(path):
@@ -164,11 +167,11 @@ def _read_jsonl(path: Path, what: str, text_fields: Sequence[str]) -> Dict[str, 
         _put(out, seen, _json_id(obj["_id"], path, lineno, what), " ".join(parts), path, lineno, what)
     if not out:
         raise DataFormatError(path, None, f"no {_PLURAL.get(what, what + 's')} in the file (it is empty)")
-    return out
+    return out, seen
 
 
-def _read_tsv2(path: Path, what: str) -> Dict[str, str]:
-    """``id <TAB> text`` files (MS MARCO collection and queries)."""
+def _read_tsv2(path: Path, what: str) -> Tuple[Dict[str, str], Dict[str, int]]:
+    """``id <TAB> text`` files (MS MARCO collection and queries): (id -> text, id -> line number)."""
     out: Dict[str, str] = {}
     seen: Dict[str, int] = {}
     for lineno, line in _lines(path):
@@ -179,7 +182,7 @@ def _read_tsv2(path: Path, what: str) -> Dict[str, str]:
         _put(out, seen, key, cols[1].strip(), path, lineno, what)
     if not out:
         raise DataFormatError(path, None, f"no {_PLURAL.get(what, what + 's')} in the file (it is empty)")
-    return out
+    return out, seen
 
 
 def _read_qrels(path: Path) -> Tuple[Dict[str, Dict[str, int]], Dict[str, int]]:
@@ -233,10 +236,20 @@ def _is_int(s: str) -> bool:
         return False
 
 
-def _join(corpus, queries, qrels, first_line, qrels_path, name, split, folder, corpus_path) -> RetrievalData:
+def _load(folder: Path, split: str, corpus_path: Path, queries_path: Path, qrels_path: Path, read) -> RetrievalData:
+    """One split, read and checked as a whole; ``read(path, what)`` is the format's
+    reader of the corpus and the queries (-> id -> text, id -> line number)."""
+    corpus, _ = read(corpus_path, "document")
+    queries, query_lines = read(queries_path, "query")
+    qrels, first_line = _read_qrels(qrels_path)
     for qid in qrels:
         if qid not in queries:
             raise DataFormatError(qrels_path, first_line[qid], f"query id {qid!r} is not in the queries file")
+        # an empty query retrieves an arbitrary ranking: its metrics would be noise, its training pairs too
+        if not queries[qid]:
+            raise DataFormatError(
+                queries_path, query_lines[qid], f"query {qid!r} has an empty text (it is judged in {qrels_path})"
+            )
     # Metrics average over the queries with a relevant document; with none of
     # them every metric would print as 0.0, which looks like a (bad) result.
     if not qrels:
@@ -252,6 +265,18 @@ def _join(corpus, queries, qrels, first_line, qrels_path, name, split, folder, c
             "no judgement has a score > 0, so no query has a relevant document: nothing to evaluate or train on",
         )
     missing = sum(1 for rels in qrels.values() for d in rels if d not in corpus)
+    relevant = {d for rels in qrels.values() for d, r in rels.items() if r > 0}
+    # Some judged documents missing is common (a corpus snapshot older than the
+    # judgements) and only lowers recall, as in trec_eval: a warning.  All of the
+    # relevant ones missing makes every metric 0 and leaves no training positive:
+    # the qrels belong to another corpus.
+    if not relevant & corpus.keys():
+        raise DataFormatError(
+            qrels_path,
+            None,
+            f"none of its {len(relevant)} relevant documents is in the corpus {corpus_path}: "
+            "every metric would be 0 (judgements of another collection?)",
+        )
     if missing:
         print(
             f"warning: {qrels_path}: {missing} judged documents are not in the corpus "
@@ -264,7 +289,7 @@ def _join(corpus, queries, qrels, first_line, qrels_path, name, split, folder, c
         corpus,
         queries,
         qrels,
-        name=name,
+        name=folder.name,
         split=split,
         missing_docs=missing,
         folder=str(folder),
@@ -275,20 +300,22 @@ def _join(corpus, queries, qrels, first_line, qrels_path, name, split, folder, c
 
 def load_beir(folder, split: str) -> RetrievalData:
     folder = Path(folder)
-    corpus = _read_jsonl(folder / "corpus.jsonl", "document", ("title", "text"))
-    queries = _read_jsonl(folder / "queries.jsonl", "query", ("text",))
+
+    def read(path: Path, what: str) -> Tuple[Dict[str, str], Dict[str, int]]:
+        return _read_jsonl(path, what, ("title", "text") if what == "document" else ("text",))
+
     qrels_path = folder / "qrels" / f"{split}.tsv"
-    qrels, first_line = _read_qrels(qrels_path)
-    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder, folder / "corpus.jsonl")
+    return _load(folder, split, folder / "corpus.jsonl", folder / "queries.jsonl", qrels_path, read)
 
 
 def load_msmarco(folder, split: str) -> RetrievalData:
     folder = Path(folder)
-    corpus = _read_tsv2(folder / "collection.tsv", "passage")
-    queries = _read_tsv2(folder / f"queries.{split}.tsv", "query")
-    qrels_path = folder / f"qrels.{split}.tsv"
-    qrels, first_line = _read_qrels(qrels_path)
-    return _join(corpus, queries, qrels, first_line, qrels_path, folder.name, split, folder, folder / "collection.tsv")
+
+    def read(path: Path, what: str) -> Tuple[Dict[str, str], Dict[str, int]]:
+        return _read_tsv2(path, "passage" if what == "document" else what)
+
+    queries_path = folder / f"queries.{split}.tsv"
+    return _load(folder, split, folder / "collection.tsv", queries_path, folder / f"qrels.{split}.tsv", read)
 
 
 def detect_format(folder) -> str:

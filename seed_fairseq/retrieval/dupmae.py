@@ -78,6 +78,7 @@ def load_dupmae_model(
         head = load_head(folder)
     except HeadFileError as e:
         raise DataFormatError(e.path, None, str(e).split(": ", 1)[1]) from None
+    check_head_fits(head, cls_model, Path(folder) / CONFIG_FILE)
     if sparse_top_k is not None:
         try:
             head.head_config["top_k"] = check_top_k(
@@ -87,6 +88,26 @@ def load_dupmae_model(
             raise DataFormatError(Path(folder) / CONFIG_FILE, None, str(e)) from None
     head.to(cls_model.device)
     return SentenceTransformer(modules=[cls_model[0], head], device=str(cls_model.device))
+
+
+def check_head_fits(head: DupMAEHead, cls_model: "SentenceTransformer", config_path: Path) -> None:
+    """The head reads the encoder's hidden states and scores its vocabulary: a head of
+    another width is a matmul error on the first text, one of another vocabulary puts
+    its sparse entries at the wrong token ids.  :class:`DataFormatError` naming
+    ``dupmae.json``."""
+    try:
+        embeddings = cls_model[0].auto_model.get_input_embeddings()
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return  # not a transformers encoder: nothing to compare
+    rows, width = embeddings.weight.shape
+    hidden = getattr(cls_model[0].auto_model.config, "hidden_size", width)
+    if head.head_config["hidden_size"] != hidden or head.vocab_size != rows:
+        raise DataFormatError(
+            config_path,
+            None,
+            f"a head for hidden size {head.head_config['hidden_size']} and {head.vocab_size} vocabulary entries, "
+            f"but the encoder has hidden size {hidden} and {rows} word-embedding rows: another model's head",
+        )
 
 
 def save_model(model: "SentenceTransformer", folder: Union[str, Path]) -> None:

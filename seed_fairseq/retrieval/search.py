@@ -6,6 +6,7 @@ normalisation), so every index below uses ``METRIC_INNER_PRODUCT``.
 
 import contextlib
 import copy
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -15,6 +16,8 @@ import faiss
 import numpy as np
 import torch
 
+from ..hf.folder import CONFIG, HFFolderError, check_folder
+from ..hf.vocab import TokenizerError, broken_json, check_tokenizer_fits
 from .data import DataFormatError
 
 if TYPE_CHECKING:
@@ -109,15 +112,25 @@ def load_model(
         raise DataFormatError(folder, None, "model folder not found")
     if not folder.is_dir():
         raise DataFormatError(folder, None, "not a folder (expected an exported or sentence-transformers model)")
+    encoder = transformer_folder(folder)
+    if encoder is not None and (encoder / CONFIG).is_file():
+        try:
+            check_folder(encoder)  # config.json and the weights, before a model is built from them
+        except HFFolderError as e:
+            raise DataFormatError(e.path, None, e.problem) from None
     from sentence_transformers import SentenceTransformer  # seconds to import: after the cheap checks
 
     try:
         model = SentenceTransformer(str(folder), device=pick_device(device), local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
+    except Exception as e:  # transformers and sentence-transformers raise many kinds for a folder
+        bad = broken_json(encoder) if encoder is not None and encoder.is_dir() else None
+        if bad is not None:
+            raise DataFormatError(bad.path, None, bad.problem) from None
         lines = str(e).strip().splitlines()
         raise DataFormatError(
             folder, None, f"cannot load a model from this folder: {lines[0] if lines else type(e).__name__}"
         ) from None
+    check_vocabulary(model, encoder or folder)
     if max_seq_length:
         if max_seq_length < 1:
             raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
@@ -139,6 +152,42 @@ def load_model(
             folder, None, "--sparse-top-k applies to DupMAE's representation; this model is loaded with [CLS] pooling"
         )
     return model
+
+
+def transformer_folder(folder: Path) -> Optional[Path]:
+    """The folder of the model's transformers module: the one ``modules.json`` names
+    (usually the folder itself), the folder itself without ``modules.json`` (a plain
+    HuggingFace folder), None when no module is a Transformer (static embeddings)."""
+    spec_path = folder / "modules.json"
+    if not spec_path.is_file():
+        return folder
+    try:
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DataFormatError(spec_path, None, f"not JSON ({e})") from None
+    if not isinstance(spec, list) or not all(isinstance(m, dict) for m in spec):
+        raise DataFormatError(spec_path, None, "not a list of sentence-transformers modules")
+    for module in spec:
+        if str(module.get("type", "")).endswith("Transformer"):
+            return folder / str(module.get("path", ""))
+    return None
+
+
+def check_vocabulary(model: "SentenceTransformer", folder: Path) -> None:
+    """The loaded tokenizer is the model's own (``hf.vocab.check_tokenizer_fits``).
+
+    Without its tokenizer files, sentence-transformers builds a near-empty tokenizer
+    that turns every word into ``<unk>``: evaluation would print metrics of noise and
+    fine-tuning would train on it.  Refused here, before any text is encoded."""
+    try:
+        rows = model[0].auto_model.get_input_embeddings().num_embeddings
+        tokenizer = model.tokenizer
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return  # not a transformers module (static embeddings): nothing to compare
+    try:
+        check_tokenizer_fits(tokenizer, rows, folder)
+    except TokenizerError as e:
+        raise DataFormatError(e.path, None, e.problem) from None
 
 
 def position_limit(model: "SentenceTransformer") -> Optional[int]:

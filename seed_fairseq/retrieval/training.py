@@ -35,9 +35,10 @@
   negatives); the [CLS] projection and the vocabulary projection are trained
   with the encoder and saved back beside it.
 * ``OUT`` is built under a temporary name beside it and renamed into place when
-  complete, with ``OUT/finetune.json`` as this tool's record: an existing
-  ``OUT`` is replaced only if it holds that record, a non-empty folder without
-  it is refused.
+  complete, with ``OUT/finetune.json`` as this tool's record (it lists the
+  files written).  A rerun into an earlier output needs ``--force`` and
+  replaces exactly the files that record lists: anything else in ``OUT`` (notes,
+  a save-dir) stays.  A non-empty folder without the record is refused.
 
 Training uses sentence-transformers' own loop (``SentenceTransformer.old_fit``:
 AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
@@ -50,7 +51,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from collections import deque
@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..fileio import check_output_dir, check_parents, chmod_tree, replace_dir, temp_dir_beside, write_json_atomic
+from ..fileio import OutputError, owned_output, staged_output, write_output_record
 from .cli import fraction, nonneg_float, nonneg_int, positive_float, positive_int, seed_int, unit_interval
 from .data import DataFormatError, RetrievalData, subsample
 from .dupmae import dupmae_head, save_model
@@ -74,7 +74,8 @@ if TYPE_CHECKING:
 
 CURVE_METRICS = ("MRR@10", "R@100", "nDCG@10")
 TOOL = "examples/retrieval/finetune.py"
-RECORD = "finetune.json"  # this tool's record in OUT: what it may replace
+RECORD = "finetune.json"  # this tool's record in OUT: the files it may replace
+OUT_TOOL = "finetune.py"  # how messages about OUT name the tool
 
 
 @dataclass
@@ -547,57 +548,53 @@ def finetune_to_folder(
     index_kw: Optional[dict] = None,
     representation: Optional[str] = None,
     sparse_top_k: Optional[int] = None,
+    force: bool = False,
 ) -> dict:
     """Fine-tune the model at ``model_path`` and save it as the folder ``out``.
 
     Every check that can fail runs before the model is loaded and before
     anything is created, so a refused run leaves nothing behind.  The folder is
     built under a temporary name beside ``out`` and renamed over it when
-    complete, with ``finetune.json`` (this tool's record, written last): an
-    existing ``out`` is replaced only if it holds that record.  Returns the
-    summary written to the record.
+    complete, with ``finetune.json`` (this tool's record, written last, listing
+    the files).  An earlier output is replaced only with ``force``, and then
+    only the files its record lists: a user's notes or save-dir in ``out`` stay
+    (``fileio.staged_output``).  Returns the summary written to the record.
     """
     t0 = time.time()
     # absolute and normalised ("." or "x/.." included): the staging folder goes beside it
     out = Path(os.path.abspath(out))
-    check_output_dir(out, RECORD, "finetune.py", is_own=is_finetune_record)
-    check_parents(out)
+    earlier = owned_output(out, RECORD, OUT_TOOL, is_own=is_finetune_record)
+    if earlier is not None and earlier.complete and not force:
+        raise OutputError(out, f"holds an earlier output of {OUT_TOOL}; pass --force to replace its files")
     qids = [q for q in train.query_ids() if train.positives(q)]
     check_training_data(train, cfg, subsample(qids, cfg.train_fraction, cfg.seed) if qids else qids, log=False)
     model = load_model(model_path, device, max_seq_length, representation, sparse_top_k)
-    staging, created = None, []
+    created = _make_parents(out.parent)
     try:
-        created = _make_parents(out.parent)
-        staging = temp_dir_beside(out)
-        summary = finetune(
-            model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None, **(index_kw or {})
-        )
-        head = dupmae_head(model)
-        if head is not None:
-            head.head_config["cls_projection"] += f"; then fine-tuned by {TOOL}"
-        save_model(model, staging)  # a DupMAE model keeps its head files (dupmae.py)
-        chmod_tree(staging)
-        summary.update(
-            tool=TOOL,
-            config=asdict(cfg),
-            model=str(model_path),
-            representation="dupmae" if head is not None else "cls",
-            data=str(train.folder or train.name),
-            split=train.split,
-            dev_split=dev.split if dev is not None else None,
-            seconds=round(time.time() - t0, 1),
-        )
-        write_json_atomic(staging / RECORD, summary)  # the record last: its presence means complete
-        # OUT may have changed during training: check again right before replacing it
-        check_output_dir(out, RECORD, "finetune.py", is_own=is_finetune_record)
-        replace_dir(staging, out)
-        staging = None
+        with staged_output(out, RECORD, OUT_TOOL, replace=force, is_own=is_finetune_record) as staging:
+            summary = finetune(
+                model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None, **(index_kw or {})
+            )
+            head = dupmae_head(model)
+            if head is not None:
+                head.head_config["cls_projection"] += f"; then fine-tuned by {TOOL}"
+            save_model(model, staging)  # a DupMAE model keeps its head files (dupmae.py)
+            summary.update(
+                tool=TOOL,
+                config=asdict(cfg),
+                model=str(model_path),
+                representation="dupmae" if head is not None else "cls",
+                data=str(train.folder or train.name),
+                split=train.split,
+                dev_split=dev.split if dev is not None else None,
+                seconds=round(time.time() - t0, 1),
+            )
+            write_output_record(staging, RECORD, summary)  # the record last: its presence means complete
+        created = []
     finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-            for folder in reversed(created):  # parents this run made for OUT, if still empty
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+        for folder in reversed(created):  # parents this run made for OUT, if still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
     return summary

@@ -21,9 +21,13 @@ resumed run sees what the uninterrupted one saw.
 The base also carries what every objective shares: the dictionary and its
 identity (recorded in every checkpoint and checked on restore), whole-word
 masking from sentencepiece's word-start marker, the global-count lookahead of
-``--update-freq`` micro-batches, and clear errors for missing or empty data.
+``--update-freq`` micro-batches, and one-line refusals before training
+(``errors.ConfigurationError``) for data that is missing, empty, truncated
+(``data/split_files.py``) or split at ':', and for a split that would give no
+batch or fewer validation blocks than the retrieval probe needs.
 """
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -50,17 +54,39 @@ from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 from omegaconf import II
 
 from .. import diagnostics
-from ..checkpoint import DICTIONARY_SHA256, check_dictionary
+from ..checkpoint import DICTIONARY_SHA256, CheckpointError, check_dictionary
+from ..data.split_files import check_split_files
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 from ..dictionary import dictionary_sha256
+from ..errors import ConfigurationError
 from ..hf.vocab import load_record as load_tokenizer_record
 from ..hf.vocab import word_start_table
 
 logger = logging.getLogger(__name__)
 
+POSITIONS_KEY = "encoder.sentence_encoder.embed_positions.weight"
+
 # sentencepiece marks the first piece of a word with U+2581; the dictionary
 # holds pieces, so whole-word masking can be read off the dictionary itself.
 WORD_START = "\u2581"
+
+
+def check_data_paths(data: str, paths: List[str]) -> None:
+    """fairseq reads DATA as ``DIR1:DIR2:...`` (one folder per epoch): a folder whose
+    name holds ':' is split apart, and the error must say so."""
+    if len(paths) < 2 or "://" in data:
+        return
+    if os.path.isdir(data):
+        raise ConfigurationError(
+            "the folder's name contains ':', which fairseq reads as a list of data folders "
+            "(DATA1:DATA2:...); rename it, or pass a symbolic link to it whose name has no ':'",
+            data,
+        )
+    for path in paths:
+        if not os.path.isdir(path):
+            raise ConfigurationError(
+                f"data folder not found (fairseq split DATA {data!r} at ':' into {len(paths)} folders)", path
+            )
 
 
 @dataclass
@@ -86,6 +112,17 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "help": "restore a checkpoint trained with another dict.txt of the same size "
             "(a deliberate vocabulary change: each id keeps its embedding row); without it "
             "such a restore is refused"
+        },
+    )
+    # the run's own decision (seed_fairseq/checkpoint.py, point 1 of compat.py): a
+    # checkpoint's saved config never turns it on (see SimLMPretrainTask.setup_task)
+    trust_checkpoint: bool = field(
+        default=False,
+        metadata={
+            "help": "load the checkpoints this run reads (--restore-file, --finetune-from-model, "
+            "checkpoint_last.pt restarts, --generator-path) with Python's full unpickler, which runs any "
+            "code pickled in them: only for files you trust.  Without it a checkpoint holding anything but "
+            "the types fairseq checkpoints hold is refused"
         },
     )
     # Diagnostics at every validation (seed_fairseq/diagnostics.py); a bool option
@@ -142,16 +179,18 @@ class BottleneckPretrainTask(MaskedLMTask):
     def load_dict(cls, cfg) -> Dictionary:
         paths = utils.split_paths(cfg.data)
         if not paths:
-            raise ValueError("no data directory given")
+            raise ConfigurationError("no data directory given")
+        check_data_paths(cfg.data, paths)
         dict_path = os.path.join(paths[0], "dict.txt")
         if not os.path.isfile(dict_path):
-            raise FileNotFoundError(
-                f"{dict_path}: dictionary not found; DATA must be a folder written by "
-                "fairseq-preprocess (or python -m preprocess.build) holding dict.txt"
+            raise ConfigurationError(
+                "dictionary not found; DATA must be a folder written by "
+                "fairseq-preprocess (or python -m preprocess.build) holding dict.txt",
+                dict_path,
             )
         dictionary = Dictionary.load(dict_path)
         if len(dictionary) <= dictionary.nspecial:
-            raise ValueError(f"{dict_path}: dictionary has no symbols besides the specials")
+            raise ConfigurationError("dictionary has no symbols besides the specials", dict_path)
         logger.info("dictionary: {} types".format(len(dictionary)))
         return dictionary
 
@@ -167,10 +206,21 @@ class BottleneckPretrainTask(MaskedLMTask):
             self.check_checkpoint({"task_state": state_dict}, "the checkpoint")
 
     def check_checkpoint(self, state, filename) -> None:
-        """Refuse a checkpoint trained with another dictionary (size or symbols)."""
+        """Refuse a checkpoint trained with another dictionary (size or symbols), or whose
+        model has fewer positions than a block (an imported model's, restored without
+        the ``--max-positions`` of its ``model_args.txt``)."""
         check_dictionary(
             state, filename, self.dict_path, len(self.source_dictionary), allow_change=self.cfg.allow_dictionary_change
         )
+        table = (state.get("model") or {}).get(POSITIONS_KEY)
+        if table is not None:
+            positions = int(table.shape[0]) - self.source_dictionary.pad() - 1  # fairseq's learned positions
+            if positions < self.cfg.tokens_per_sample:
+                raise CheckpointError(
+                    filename,
+                    f"the model has {positions} positions, fewer than --tokens-per-sample "
+                    f"{self.cfg.tokens_per_sample}: use --tokens-per-sample {positions} or less",
+                )
 
     # -- data -----------------------------------------------------------------------------
 
@@ -192,14 +242,28 @@ class BottleneckPretrainTask(MaskedLMTask):
         starts = [i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START) for i, sym in enumerate(d.symbols)]
         return torch.ByteTensor(starts)
 
-    def _load_dataset_split(self, split, epoch, combine):
+    def _split_path(self, split: str, epoch: int = 1) -> str:
         paths = utils.split_paths(self.cfg.data)
-        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
-        empty = ValueError(f"{split_path}: the '{split}' split is empty (no tokens)")
+        return os.path.join(paths[(epoch - 1) % len(paths)], split)
+
+    def _load_dataset_split(self, split, epoch, combine):
+        split_path = self._split_path(split, epoch)
+        empty = ConfigurationError(f"the '{split}' split is empty (no tokens)", split_path)
         # numpy cannot memory-map an empty .bin: catch it before fairseq does
         if os.path.isfile(split_path + ".bin") and os.path.getsize(split_path + ".bin") == 0:
             raise empty
-        dataset = super()._load_dataset_split(split, epoch, combine)
+        check_split_files(split_path)
+        try:
+            dataset = super()._load_dataset_split(split, epoch, combine)
+        except FileNotFoundError as e:
+            if not str(e).startswith("Dataset not found"):
+                raise
+            hint = " (or train with --disable-validation)" if split != "train" else ""
+            raise ConfigurationError(
+                f"the '{split}' split is missing: no {split}.bin / {split}.idx in the data folder{hint}", split_path
+            ) from None
+        except (ValueError, AssertionError) as e:  # numpy and fairseq on a damaged file
+            raise ConfigurationError(f"not readable as fairseq data ({type(e).__name__}: {e})", split_path) from e
         if len(dataset) == 0:
             raise empty
         return dataset
@@ -264,12 +328,56 @@ class BottleneckPretrainTask(MaskedLMTask):
         )
 
     def get_batch_iterator(self, dataset, *args, **kwargs) -> UpdateCountsEpochBatchIterator:
+        options = inspect.signature(super().get_batch_iterator).bind(dataset, *args, **kwargs)
+        options.apply_defaults()
+        max_tokens = options.arguments["max_tokens"]
+        if max_tokens is not None and max_tokens < self.cfg.tokens_per_sample:
+            raise ConfigurationError(
+                f"--max-tokens {max_tokens} is below --tokens-per-sample {self.cfg.tokens_per_sample}: "
+                "a full block would not fit in any batch; raise --max-tokens or lower --tokens-per-sample"
+            )
         epoch_iter = super().get_batch_iterator(dataset, *args, **kwargs)
+        split = next((name for name, d in self.datasets.items() if d is dataset), None)
+        if split is not None:
+            self.check_batches(
+                split, len(epoch_iter.frozen_batches), options.arguments["required_batch_size_multiple"]
+            )
         try:
             update_freq = [int(u) for u in self.cfg.update_freq]  # a ListConfig in fairseq-train
         except (TypeError, ValueError):
             update_freq = [1]  # the task built outside fairseq-train: no interpolation
         return UpdateCountsEpochBatchIterator(epoch_iter, update_freq, self.term_counts)
+
+    def check_batches(self, split: str, batches: int, required_batch_size_multiple: int) -> None:
+        """Refuse, before training, a split that gives no batch and a probe larger than the
+        validation split (what fairseq would report as "The dataset is empty", or never)."""
+        split_file = self._split_path(split) + ".bin"
+        blocks = len(self.datasets[split])
+        if batches == 0:
+            if split == "train":
+                what, fix = "training would have no batch", "use more training text, or pass"
+            else:
+                what = "validation would be empty"
+                fix = "hold out more documents (preprocess.build --valid-docs), pass --disable-validation, or"
+            default = " (fairseq's default)" if required_batch_size_multiple == 8 else ""
+            raise ConfigurationError(
+                f"{what}: the '{split}' split has {blocks} blocks of up to {self.cfg.tokens_per_sample} tokens "
+                "and fairseq drops the last batch of a split whose size is not a multiple of "
+                f"--required-batch-size-multiple {required_batch_size_multiple}{default}, which leaves no batch; "
+                f"{fix} --required-batch-size-multiple 1",
+                split_file,
+            )
+        size = self.cfg.retrieval_probe_size
+        if split == "valid" and size > 0 and not self.cfg.no_diagnostics:
+            d = self.source_dictionary
+            pairs = len(diagnostics.probe_pairs(self.unmasked_blocks[split], size, d.bos(), d.eos(), d.pad()))
+            if pairs < size:
+                raise ConfigurationError(
+                    f"--retrieval-probe-size {size} needs {size} validation blocks of at least 4 tokens, the "
+                    f"'valid' split has {pairs}: lower --retrieval-probe-size or hold out more documents "
+                    "(preprocess.build --valid-docs)",
+                    split_file,
+                )
 
     def train_step(
         self, sample, model, criterion, optimizer, update_num, ignore_grad=False

@@ -20,6 +20,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 from fairseq.data import RightPadDataset
+from fairseq.distributed import utils as distributed_utils
 from fairseq.tasks import register_task
 
 from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
@@ -30,6 +31,12 @@ VIEW_2_SEED_OFFSET = 7919
 # set on fairseq's dummy batch (a copy of an earlier batch, run with ignore_grad when
 # this worker has no data left): its views must not become the other workers' negatives
 DUMMY_BATCH = "dummy_batch"
+
+
+def has_negatives(sample, gathered: bool) -> bool:
+    """Does the contrastive loss of this batch have a negative?  Not for a batch of one
+    text contrasted on its own (``gathered``: over several workers, in training)."""
+    return gathered or sample["bow_tokens"].size(0) >= 2
 
 
 @dataclass
@@ -55,12 +62,15 @@ class CpdaePretrainTask(BottleneckPretrainTask):
     def term_counts(self, sample) -> Dict[str, torch.Tensor]:
         pad = self.source_dictionary.pad()
         views = torch.tensor(2 * sample["bow_tokens"].size(0))
+        # several workers: training gathers the negatives, validation's units are not summed over workers
+        gathered = distributed_utils.get_data_parallel_world_size() > 1
         return {
             # MLM over the masked tokens of BOTH views
             "mlm": sample["target"].ne(pad).sum() + sample["target_2"].ne(pad).sum(),
-            # bag-of-words reconstruction and contrast: one unit per view
+            # bag-of-words reconstruction and contrast: one unit per view (none for a
+            # contrast without negatives, which the criterion skips)
             "bow": views,
-            "cl": views.clone(),
+            "cl": views.clone() if has_negatives(sample, gathered) else torch.zeros_like(views),
         }
 
     def train_step(

@@ -61,7 +61,9 @@ class SimLMPretrainConfig(BottleneckPretrainConfig):
         default=None,
         metadata={
             "help": "the frozen generator: a masked-LM checkpoint trained on the same dict.txt (e.g. "
-            "--arch seed_encoder_mlm_only with a small encoder; see the README); required for training"
+            "--arch seed_encoder_mlm_only with a small encoder; see the README); required for training. "
+            "Loaded like every checkpoint: refused if it holds more than the types fairseq checkpoints hold, "
+            "unless --trust-checkpoint"
         },
     )
     allow_generator_change: bool = field(
@@ -100,6 +102,16 @@ class SimLMPretrainTask(BottleneckPretrainTask):
             )
         super().__init__(cfg, dictionary)
         self.generator = None  # loaded by build_criterion (training), not by tools that only read a model
+        self.trust_generator = False  # --trust-checkpoint of the command that runs (setup_task)
+
+    @classmethod
+    def setup_task(cls, cfg: SimLMPretrainConfig, **kwargs) -> "SimLMPretrainTask":
+        task = super().setup_task(cfg, **kwargs)
+        # A task set up from a checkpoint's saved config (load_model_ensemble_and_task,
+        # e.g. fairseq-validate, which then builds the criterion) never trusts: that
+        # config is the checkpoint's word, not the user's.
+        task.trust_generator = not kwargs.get("from_checkpoint", False) and bool(cfg.trust_checkpoint)
+        return task
 
     # -- data -----------------------------------------------------------------------------
 
@@ -140,7 +152,7 @@ class SimLMPretrainTask(BottleneckPretrainTask):
         if self.generator is None:
             from ..generator import FrozenGenerator
 
-            self.generator = FrozenGenerator.load(self.cfg.generator_path, self)
+            self.generator = FrozenGenerator.load(self.cfg.generator_path, self, trust=self.trust_generator)
         return self.generator
 
     def build_criterion(self, cfg, from_checkpoint=False) -> "FairseqCriterion":

@@ -1,0 +1,28 @@
+"""The error the plugin raises when ``fairseq-train`` must not start as configured.
+
+Raised for what the user can fix -- a data file that is missing, truncated or
+split at ``:``, a batch setting that leaves validation without a batch, a model
+with fewer positions than a block, a save-dir another run is writing -- so that
+``fairseq-train`` reports it as one ``error: FILE: problem`` line with exit
+status 2 (``compat``: fairseq-train's ``main`` is wrapped) instead of a
+traceback, and before any training.
+"""
+
+import os
+from typing import Optional, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+class ConfigurationError(ValueError):
+    """A configuration or input refused before training.
+
+    ``str()`` is ``FILE: problem``, or the problem alone when no file is at
+    fault (an option: the problem then names it).  A ``ValueError``, as the
+    option checks of the tasks and criterions have always raised.
+    """
+
+    def __init__(self, problem: str, path: Optional[PathLike] = None):
+        self.path = None if path is None else str(path)
+        self.problem = problem
+        super().__init__(problem if self.path is None else f"{self.path}: {problem}")
