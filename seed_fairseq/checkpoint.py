@@ -408,23 +408,29 @@ class _RecordingWriter:
         self.f.flush()
 
 
+def torch_save(obj: Any, path: PathLike, name: Optional[PathLike] = None) -> None:
+    """``torch.save(obj, path)`` whose failed write (full disk, file-size limit ...)
+    raises the ``OSError`` itself, with ``name`` (default ``path``) as its file name."""
+    try:
+        with open(path, "wb") as f:
+            writer = _RecordingWriter(f)
+            try:
+                torch.save(obj, writer)
+            except RuntimeError as e:
+                if writer.error is None:
+                    raise
+                raise writer.error from e
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(name or path)) from e
+
+
 def save_atomic(obj: Any, path: PathLike) -> Path:
     """``torch.save`` that leaves either the old file or the complete new one.
 
     A failed write (full disk, file-size limit ...) raises the ``OSError`` with
     ``path`` as its file name."""
-    try:
-        with atomic_path(path) as tmp:
-            with open(tmp, "wb") as f:
-                writer = _RecordingWriter(f)
-                try:
-                    torch.save(obj, writer)
-                except RuntimeError as e:
-                    if writer.error is None:
-                        raise
-                    raise writer.error from e
-    except OSError as e:
-        if e.errno is None:
-            raise
-        raise OSError(e.errno, e.strerror, str(path)) from e
+    with atomic_path(path) as tmp:
+        torch_save(obj, tmp, name=path)
     return Path(path)

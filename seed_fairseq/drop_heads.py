@@ -33,8 +33,9 @@ from .checkpoint import (
     plain_config,
     read_checkpoint,
     recorded_data_dir,
+    torch_save,
 )
-from .fileio import OutputError, PathLike, atomic_path
+from .fileio import OutputError, PathLike, atomic_path, storage_line
 
 logger = logging.getLogger("seed_fairseq.drop_heads")
 
@@ -157,7 +158,7 @@ def write_encoder_checkpoint(
     models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], state=state)
     full = models[0].eval()
     with atomic_path(out, suffix=".pt") as tmp:
-        torch.save(encoder_state, tmp)
+        torch_save(encoder_state, tmp, name=out)
         encoder_models, _ = checkpoint_utils.load_model_ensemble([str(tmp)], arg_overrides={"data": str(data_dir)})
         encoder = encoder_models[0].eval()
         if type(encoder).__name__ != "RobertaModel":
@@ -191,6 +192,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_encoder_checkpoint(args.checkpoint, args.out, data=args.data, trust=args.trust_checkpoint)
     except (CheckpointError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk or file-size limit while writing OUT
+        line = storage_line(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 2
     return 0
 

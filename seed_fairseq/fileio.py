@@ -276,6 +276,35 @@ def storage_error(exc: Optional[BaseException]) -> Optional[OSError]:
     return None
 
 
+def storage_line(exc: BaseException) -> Optional[str]:
+    """``FILE: problem`` for a full disk, quota or file-size limit behind ``exc``
+    (:func:`storage_error`), for a tool's one ``error:`` line; None for anything else."""
+    err = storage_error(exc)
+    if err is None:
+        return None
+    hint = " (the file-size limit: ulimit -f)" if err.errno == errno.EFBIG else ""
+    where = f"{err.filename}: " if err.filename else ""
+    return f"{where}{err.strerror}{hint} while writing the output; free space or raise the limit, then run again"
+
+
+@contextlib.contextmanager
+def naming(path: PathLike) -> Iterator[None]:
+    """Name ``path`` in a full disk, quota or file-size limit error raised inside the block
+    without a file name (Python's ``write`` and ``flush`` raise them so).
+
+    For a block that writes the one file ``path``; not inside :func:`atomic_path`,
+    which may be nested in another one's block and could not tell whose write failed.
+    (``preprocess.errors.writing`` is the same for preprocess, which must not import
+    this package at import time: it loads fairseq.)
+    """
+    try:
+        yield
+    except OSError as e:
+        if e.errno in STORAGE_ERRNOS and not e.filename:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+
+
 # ---- output folders a tool builds and replaces ----------------------------------------------
 
 # The first file of every staging folder: names the tool, locked while the tool runs.

@@ -413,3 +413,29 @@ def test_exit_while_prefetching_does_not_abort():
         proc = run([sys.executable, "-c", EXIT_WHILE_PREFETCHING], timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "terminate called" not in proc.stderr
+
+
+def test_drop_heads_file_size_limit_is_one_line(tmp_path, capsys):
+    """torch.save reports a failed write as RuntimeError("unexpected pos"); the tool
+    recovers the OSError: one line naming OUT, exit 2, nothing left (real EFBIG)."""
+    import errno
+    import resource
+
+    from helpers import REPO
+
+    from seed_fairseq.drop_heads import main
+
+    fixture = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
+    out = tmp_path / "out" / "encoder.pt"
+    out.parent.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # the encoder checkpoint is larger
+    try:
+        code = main([str(fixture / "checkpoint_1_3.pt"), str(out), "--data", str(fixture / "data-bin")])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert errors[0].startswith(f"error: {out}: {os.strerror(errno.EFBIG)}"), errors[0]
+    assert list(out.parent.iterdir()) == []

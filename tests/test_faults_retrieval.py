@@ -750,3 +750,29 @@ def test_qrels_of_another_corpus_are_refused(tmp_path, capsys):
     # some judged documents missing stays a warning: it only lowers recall (as in trec_eval)
     partial = load_data(beir(tmp_path, qrels="q0\td0\t1\nq1\tx1\t1\n", name="partial"), "test")
     assert partial.missing_docs == 1 and "1 judged documents are not in the corpus" in capsys.readouterr().err
+
+
+def test_full_disk_while_writing_a_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """A file-size limit (real EFBIG: CPython ignores SIGXFSZ) and a full disk reported
+    without a file name, while --run is written: one line naming the run, nothing left."""
+    import errno
+    import resource
+
+    data = beir(tmp_path)
+    run_file = tmp_path / "runs" / "bm25.trec"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, hard))  # the run is ~2 kB
+    try:
+        code = bm25_cli.main(["--data", str(data), "--run", str(run_file)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    line = refused(capsys, code, f"error: {run_file}: ", os.strerror(errno.EFBIG), "ulimit -f")
+    assert "run again" in line
+    assert list(run_file.parent.iterdir()) == []
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed write() raises it
+
+    monkeypatch.setattr(os, "fsync", full)
+    refused(capsys, bm25_cli.main(["--data", str(data), "--run", str(run_file)]), f"error: {run_file}: No space")
+    assert list(run_file.parent.iterdir()) == []

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from seed_fairseq.fileio import OutputError
 from seed_fairseq.retrieval.bm25 import BM25
-from seed_fairseq.retrieval.cli import nonneg_float, positive_int, report, unit_interval
+from seed_fairseq.retrieval.cli import nonneg_float, positive_int, report, report_storage, unit_interval
 from seed_fairseq.retrieval.data import DataFormatError, load_data
 from seed_fairseq.retrieval.metrics import check_run_output, evaluate, write_trec_run
 
@@ -43,6 +43,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             write_trec_run(run, args.run, tag="bm25")
     except (DataFormatError, OutputError) as e:
         return report(e)
+    except OSError as e:  # a full disk or file-size limit while writing --run
+        return report_storage(e)
     metrics["num_queries"] = len(data.query_ids())
     print(json.dumps(metrics))
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from seed_fairseq.fileio import OutputError
-from seed_fairseq.retrieval.cli import add_search_args, index_kwargs, positive_int, report
+from seed_fairseq.retrieval.cli import add_search_args, index_kwargs, positive_int, report, report_storage
 from seed_fairseq.retrieval.data import DataFormatError, load_data
 from seed_fairseq.retrieval.evaluate import evaluate_model
 from seed_fairseq.retrieval.metrics import check_run_output, write_trec_run
@@ -56,6 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             write_trec_run(run, args.run, tag=tag)
     except (DataFormatError, OutputError, SearchError) as e:
         return report(e)
+    except OSError as e:  # a full disk or file-size limit while writing --run
+        return report_storage(e)
     metrics.update(num_queries=len(data.query_ids()), num_docs=len(data.corpus), seconds=round(time.time() - t0, 1))
     print(json.dumps(metrics))
     return 0

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from ..fileio import OutputError
+from ..fileio import OutputError, storage_line
 from ..retrieval.cli import nonneg_int, positive_int, report, seed_int
 from ..retrieval.training import FinetuneConfig
 from .objectives import ORDER, PretrainSettings, parse_objectives
@@ -272,6 +272,9 @@ def _main(argv: Optional[List[str]], prog: str) -> int:
 
         if isinstance(e, (PreprocessError, HFImportError)):
             return report(e)
+        line = storage_line(e)  # a full disk or file-size limit (runs, reports, plots)
+        if line is not None:
+            return report(line)
         raise
     print(result["markdown"])
     return 0

@@ -25,6 +25,17 @@ def report(error: object) -> int:
     return 2
 
 
+def report_storage(error: OSError) -> int:
+    """:func:`report` for a full disk, quota or file-size limit while writing an output (one line
+    naming the file); any other OSError is not the user's input: re-raised with its traceback."""
+    from ..fileio import storage_line
+
+    line = storage_line(error)
+    if line is None:
+        raise error
+    return report(line)
+
+
 # ---------------------------------------------------------------------------
 # argparse types: a bad value is an argparse error (usage + one error line, exit 2)
 # ---------------------------------------------------------------------------

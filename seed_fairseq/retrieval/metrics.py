@@ -14,7 +14,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import ir_measures
 import numpy as np
 
-from ..fileio import OutputError, atomic_path, check_parents
+from ..fileio import OutputError, atomic_path, check_parents, naming
 from .data import DataFormatError
 
 # Display name -> ir_measures measure.  ir_measures calls MRR "RR"; MS MARCO
@@ -201,9 +201,10 @@ def check_run_output(path) -> Path:
 
 
 def write_trec_run(run: Run, path, tag: str = "dense") -> Path:
-    """Write ``run`` atomically; an existing file is replaced only if it is a TREC run."""
+    """Write ``run`` atomically; an existing file is replaced only if it is a TREC run.
+    A full disk or file-size limit raises the ``OSError`` naming ``path``."""
     path = check_run_output(path)
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    with naming(path), atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for qid, docs in run.items():
             ranked = sorted(docs.items(), key=lambda kv: (-kv[1], kv[0]))
             for rank, (did, score) in enumerate(ranked, 1):
