@@ -295,7 +295,12 @@ class Build:
 
     def load_tokenizer(self) -> None:
         """The --tokenizer's identity (its whole pipeline and vocabulary), before any stage."""
-        from seed_fairseq.hf.vocab import TokenizerError, load_fast_tokenizer, tokenizer_folder, vocab_from_tokenizer
+        from seed_fairseq.vocabulary.tokenizer import (
+            TokenizerError,
+            load_fast_tokenizer,
+            tokenizer_folder,
+            vocab_from_tokenizer,
+        )
 
         try:
             self.tokenizer_dir = tokenizer_folder(self.args.tokenizer)
@@ -633,9 +638,9 @@ class Build:
         return {"sample_lines": kept, "pieces": sp.get_piece_size()}
 
     def stage_tokenizer_vocab(self, results: Dict[str, Any]) -> Dict[str, Any]:
-        """dict.txt, the id mapping and a copy of the tokenizer (seed_fairseq.hf.vocab)."""
-        from seed_fairseq.hf.vocab import RECORD as VOCAB_RECORD
-        from seed_fairseq.hf.vocab import load_fast_tokenizer, vocab_from_tokenizer, write_dict
+        """dict.txt, the id mapping and a copy of the tokenizer (seed_fairseq.vocabulary.tokenizer)."""
+        from seed_fairseq.vocabulary.tokenizer import RECORD as VOCAB_RECORD
+        from seed_fairseq.vocabulary.tokenizer import load_fast_tokenizer, vocab_from_tokenizer, write_dict
 
         fileio = _fileio()
         d = self.work / "vocab"
@@ -734,7 +739,7 @@ class Build:
         return counts
 
     def stage_finalize(self, results: Dict[str, Any]) -> Dict[str, Any]:
-        from seed_fairseq.dictionary import dictionary_sha256
+        from seed_fairseq.vocabulary.dictionary import dictionary_sha256
 
         a, out = self.args, self.out
         names = self.split_names(results)

@@ -11,6 +11,8 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
+from seed_fairseq.vocabulary.text import CONTROL_CHARACTERS
+
 from .errors import PreprocessError
 
 # Any run of Unicode whitespace (str.isspace: includes NBSP, U+2028, \x1c-\x1f ...)
@@ -19,7 +21,7 @@ from .errors import PreprocessError
 _WHITESPACE = re.compile(r"\s+")
 # Control characters (category Cc) that are not whitespace carry no text and
 # would otherwise become byte-fallback pieces; drop them.
-_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
+_CONTROL = CONTROL_CHARACTERS
 
 NORMALIZATION_STEPS = (
     "unicodedata NFKC",

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .dictionary import dictionary_sha256
 from .fileio import atomic_path
+from .vocabulary.dictionary import dictionary_sha256
 
 logger = logging.getLogger(__name__)
 

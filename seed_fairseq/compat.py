@@ -82,6 +82,9 @@ idempotent.
    and are not retried for these causes.
 """
 
+from . import plugin  # noqa: F401  (registration first: see seed_fairseq/__init__.py)
+
+# isort: split
 import atexit
 import errno
 import functools

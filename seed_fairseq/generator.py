@@ -19,6 +19,9 @@ tokens however a batch is split over ``--update-freq`` and workers, and after
 a resume.
 """
 
+from . import plugin  # noqa: F401  (registration first: see seed_fairseq/__init__.py)
+
+# isort: split
 import hashlib
 import logging
 import os
@@ -28,7 +31,7 @@ import torch
 
 from .checkpoint import CheckpointError, embedding_rows, model_config, read_checkpoint, recorded_dictionary
 from .data.replaced_lm_dataset import NOISE_BITS
-from .dictionary import dictionary_sha256
+from .vocabulary.dictionary import dictionary_sha256
 
 logger = logging.getLogger(__name__)
 

@@ -261,8 +261,9 @@ def test_short_documents_get_enough_validation_blocks(tmp_path, caplog):
     blocks = count_blocks(plan.out / "data-bin", "valid", 48)
     assert result["valid_blocks"] == blocks >= 16 and result["valid_docs"] > 2, result
     assert _valid_batches(plan.out / "data-bin", 8) >= 1
-    assert json.loads((plan.out / "data-bin" / "preprocess.json").read_text())["held_out"]["valid_docs"] == (
-        result["valid_docs"]
+    assert (
+        json.loads((plan.out / "data-bin" / "preprocess.json").read_text())["held_out"]["valid_docs"]
+        == (result["valid_docs"])
     )
 
 

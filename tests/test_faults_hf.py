@@ -245,7 +245,7 @@ def test_tokenizer_fit_allows_padded_embeddings_only(roberta):
     fewer rows than ids, never a near-empty tokenizer."""
     from transformers import AutoTokenizer
 
-    from seed_fairseq.hf.vocab import TokenizerError, check_tokenizer_fits
+    from seed_fairseq.vocabulary.tokenizer import TokenizerError, check_tokenizer_fits
 
     tok = AutoTokenizer.from_pretrained(str(roberta))
     n = len(tok)  # 402: up to 12 spare rows

@@ -67,7 +67,7 @@ def test_import_then_export_gives_back_the_model(family, tiny, tmp_path):
     assert vocab["identity_ids"] is (family != "bert")
     assert record["mlm_head"] == ("fresh" if family == "xlmr" else "imported")
     ckpt = torch.load(imported / "checkpoint.pt", weights_only=False)
-    from seed_fairseq.dictionary import dictionary_sha256
+    from seed_fairseq.vocabulary.dictionary import dictionary_sha256
 
     assert ckpt["task_state"]["dictionary_sha256"] == dictionary_sha256(imported / "dict.txt")
 
@@ -81,7 +81,7 @@ def test_real_minilm_round_trip(tmp_path):
 
 
 def test_dictionary_in_the_model_id_order(tiny):
-    from seed_fairseq.hf.vocab import load_fast_tokenizer, vocab_from_tokenizer
+    from seed_fairseq.vocabulary.tokenizer import load_fast_tokenizer, vocab_from_tokenizer
 
     tok = load_fast_tokenizer(tiny["bert"])
     vocab = vocab_from_tokenizer(tok)
@@ -95,7 +95,7 @@ def test_dictionary_in_the_model_id_order(tiny):
 
 
 def test_word_starts_of_each_convention():
-    from seed_fairseq.hf.vocab import word_start_table
+    from seed_fairseq.vocabulary.tokenizer import word_start_table
 
     def table(kind, marker, symbols):
         rec = {"word_boundary": {"kind": kind, "marker": marker}}
@@ -166,7 +166,7 @@ def test_preprocess_with_the_model_tokenizer(bert_data, bert_import, tiny):
     d = Dictionary.load(str(bert_data / "dict.txt"))
     valid = data_utils.load_indexed_dataset(str(bert_data / "valid"), d)
     vocab = json.loads((bert_data / "hf_tokenizer.json").read_text())
-    from seed_fairseq.hf.vocab import fairseq_to_hf_from_record
+    from seed_fairseq.vocabulary.tokenizer import fairseq_to_hf_from_record
 
     to_hf = fairseq_to_hf_from_record(vocab)
     tok = AutoTokenizer.from_pretrained(str(tiny["bert"]))
@@ -207,7 +207,7 @@ def test_fairseq_train_continues_an_imported_model(bert_data, bert_import, tiny,
     model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)  # decoder kept fresh
     model.eval()
     batch, ref = hf_features(tiny["bert"], ODD_STRINGS[:-1])
-    from seed_fairseq.hf.vocab import fairseq_to_hf_from_record
+    from seed_fairseq.vocabulary.tokenizer import fairseq_to_hf_from_record
 
     perm = fairseq_to_hf_from_record(json.loads((bert_import / "hf_tokenizer.json").read_text()))
     inverse = torch.empty(len(perm), dtype=torch.long)

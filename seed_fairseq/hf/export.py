@@ -19,14 +19,20 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 import torch
 
 from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
-from ..dictionary import dictionary_sha256
 from ..fileio import OutputError, PathLike, owned_output, staged_output, write_output_record
+from ..vocabulary.dictionary import dictionary_sha256
+from ..vocabulary.tokenizer import RECORD as VOCAB_RECORD
+from ..vocabulary.tokenizer import (
+    TOKENIZER_DIR,
+    TokenizerError,
+    fairseq_to_hf_from_record,
+    load_fast_tokenizer,
+    vocab_from_tokenizer,
+)
+from ..vocabulary.tokenizer import load_record as load_vocab_record
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .tokenizer import build_tokenizer, fairseq_encode
-from .vocab import RECORD as VOCAB_RECORD
-from .vocab import TOKENIZER_DIR, TokenizerError, fairseq_to_hf_from_record, load_fast_tokenizer, vocab_from_tokenizer
-from .vocab import load_record as load_vocab_record
 
 if TYPE_CHECKING:
     from fairseq.data import Dictionary
@@ -109,7 +115,7 @@ class SpmTexts:
 class HFTexts:
     """Data (or import) folders whose ids come from a HuggingFace tokenizer (``--tokenizer``,
     ``examples/import_from_hf.py``): the export writes that same tokenizer and puts the
-    embedding rows back into its id order (``hf/vocab.py``)."""
+    embedding rows back into its id order (``vocabulary/tokenizer.py``)."""
 
     def __init__(self, data, tok, vocab):
         self.data, self.tok, self.vocab = Path(data), tok, vocab

@@ -230,7 +230,7 @@ def check_fits_weights(
             layers.setdefault(m.group(1) + m.group(2), set()).add(int(m.group(3)))
     # one stack of layers only: an encoder-decoder or a two-tower model is not checked
     if len(layers) == 1 and isinstance(sizes.get("num_hidden_layers"), int):
-        (prefix, found_layers), = layers.items()
+        ((prefix, found_layers),) = layers.items()
         if max(found_layers) + 1 != sizes["num_hidden_layers"] or len(found_layers) != max(found_layers) + 1:
             raise HFFolderError(
                 config_path,

@@ -4,7 +4,7 @@
                              without decoder; the MLM head when the HF model has one);
                              ``fairseq-train --restore-file OUT/checkpoint.pt --reset-optimizer
                              --reset-dataloader --reset-meters`` continues it with any objective
-    OUT/dict.txt             the model's own vocabulary in its own id order (hf/vocab.py)
+    OUT/dict.txt             the model's own vocabulary in its own id order (vocabulary/tokenizer.py)
     OUT/hf_tokenizer.json    the id mapping and word-boundary convention
     OUT/tokenizer/           the model's tokenizer (what preprocess.build --tokenizer and the
                              export use)
@@ -35,6 +35,16 @@ from ..fileio import (
     write_output_record,
     write_text_atomic,
 )
+from ..vocabulary.tokenizer import RECORD as VOCAB_RECORD
+from ..vocabulary.tokenizer import (
+    TOKENIZER_DIR,
+    TokenizerError,
+    TokenizerVocab,
+    check_tokenizer_fits,
+    load_fast_tokenizer,
+    vocab_from_tokenizer,
+    write_dict,
+)
 from .folder import (
     CONFIG,
     SIZES,
@@ -47,16 +57,6 @@ from .folder import (
 )
 from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq
 from .keymap import UnmappedKeyError
-from .vocab import RECORD as VOCAB_RECORD
-from .vocab import (
-    TOKENIZER_DIR,
-    TokenizerError,
-    TokenizerVocab,
-    check_tokenizer_fits,
-    load_fast_tokenizer,
-    vocab_from_tokenizer,
-    write_dict,
-)
 
 if TYPE_CHECKING:
     from fairseq.models import BaseFairseqModel
@@ -307,7 +307,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
     from transformers import AutoModel, AutoModelForMaskedLM
 
     from ..checkpoint import save_atomic
-    from ..dictionary import dictionary_sha256
+    from ..vocabulary.dictionary import dictionary_sha256
 
     hf_dir, out = Path(hf_dir), Path(out)
     try:
@@ -349,18 +349,14 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
             buffers = {name for name, _ in model.named_buffers()}
             missing = [k for k in missing if k not in buffers]
             if missing or unexpected:
-                raise HFImportError(
-                    f"{hf_dir}: mapped state does not fit the fairseq encoder: {missing} {unexpected}"
-                )
+                raise HFImportError(f"{hf_dir}: mapped state does not fit the fairseq encoder: {missing} {unexpected}")
             model.eval()
 
             hf_model = _load_hf(AutoModel, hf_dir)
             hf_mlm = _load_hf(AutoModelForMaskedLM, hf_dir) if has_head else None
             diff = compare(model, hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions)
             if not diff <= atol:
-                raise HFImportError(
-                    f"{hf_dir}: fairseq outputs differ from HF's: max abs diff {diff:.3g} > {atol:g}"
-                )
+                raise HFImportError(f"{hf_dir}: fairseq outputs differ from HF's: max abs diff {diff:.3g} > {atol:g}")
 
             source = {
                 "source": "import_from_hf",

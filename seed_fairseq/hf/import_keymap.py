@@ -5,7 +5,7 @@ state_dict -> state_dict function that raises on any HF key it cannot place
 and on any fairseq key left without a value.  Most entries are renames; a few
 carry a transform, named in the table:
 
-* ``vocab``     -- rows in HF id order -> fairseq id order (``hf/vocab.py``);
+* ``vocab``     -- rows in HF id order -> fairseq id order (``vocabulary/tokenizer.py``);
 * ``positions`` -- the position table re-indexed to fairseq's offset (fairseq
   position of token ``i`` is ``i + 2``; BERT's is ``i``, RoBERTa's ``i + pad + 1``)
   with the token-type-0 embedding folded in (fairseq has no segments, BERT

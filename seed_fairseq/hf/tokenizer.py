@@ -52,7 +52,7 @@ def normalizer_for(record: dict) -> "Normalizer":
     """tokenizers normaliser equal to preprocess.text.normalize_line under ``record``."""
     from tokenizers import Regex, normalizers
 
-    from preprocess.text import _CONTROL
+    from ..vocabulary.text import CONTROL_CHARACTERS
 
     steps = []
     if record.get("nfkc", True):
@@ -61,7 +61,7 @@ def normalizer_for(record: dict) -> "Normalizer":
         steps.append(normalizers.Lowercase())
         if record.get("nfkc", True):
             steps.append(normalizers.NFKC())
-    steps.append(normalizers.Replace(Regex(_CONTROL.pattern), ""))  # \xHH: same syntax
+    steps.append(normalizers.Replace(Regex(CONTROL_CHARACTERS.pattern), ""))  # \xHH: same syntax
     steps.append(normalizers.Replace(Regex(_char_class(str.isspace) + "+"), " "))
     steps.append(normalizers.Strip())
     return normalizers.Sequence(steps)

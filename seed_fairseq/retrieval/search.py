@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..hf.folder import CONFIG, HFFolderError, check_folder
-from ..hf.vocab import TokenizerError, broken_json, check_tokenizer_fits
+from ..vocabulary.tokenizer import TokenizerError, broken_json, check_tokenizer_fits
 from .data import DataFormatError
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def transformer_folder(folder: Path) -> Optional[Path]:
 
 
 def check_vocabulary(model: "SentenceTransformer", folder: Path) -> None:
-    """The loaded tokenizer is the model's own (``hf.vocab.check_tokenizer_fits``).
+    """The loaded tokenizer is the model's own (``vocabulary.tokenizer.check_tokenizer_fits``).
 
     Without its tokenizer files, sentence-transformers builds a near-empty tokenizer
     that turns every word into ``<unk>``: evaluation would print metrics of noise and

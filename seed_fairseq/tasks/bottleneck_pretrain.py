@@ -57,10 +57,10 @@ from .. import diagnostics
 from ..checkpoint import DICTIONARY_SHA256, CheckpointError, check_dictionary
 from ..data.split_files import check_split_files
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
-from ..dictionary import dictionary_sha256
 from ..errors import ConfigurationError
-from ..hf.vocab import load_record as load_tokenizer_record
-from ..hf.vocab import word_start_table
+from ..vocabulary.dictionary import dictionary_sha256
+from ..vocabulary.tokenizer import load_record as load_tokenizer_record
+from ..vocabulary.tokenizer import word_start_table
 
 logger = logging.getLogger(__name__)
 
@@ -339,9 +339,7 @@ class BottleneckPretrainTask(MaskedLMTask):
         epoch_iter = super().get_batch_iterator(dataset, *args, **kwargs)
         split = next((name for name, d in self.datasets.items() if d is dataset), None)
         if split is not None:
-            self.check_batches(
-                split, len(epoch_iter.frozen_batches), options.arguments["required_batch_size_multiple"]
-            )
+            self.check_batches(split, len(epoch_iter.frozen_batches), options.arguments["required_batch_size_multiple"])
         try:
             update_freq = [int(u) for u in self.cfg.update_freq]  # a ListConfig in fairseq-train
         except (TypeError, ValueError):
