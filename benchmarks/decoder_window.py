@@ -20,9 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 
 def build_decoder(window, dim=768, layers=3, heads=12, ffn=3072, vocab=1000, positions=512):
     import argparse as ap

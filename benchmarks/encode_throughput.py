@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 DEMO_CORPUS = REPO / "examples" / "data" / "demo_corpus.txt"
 PRECISIONS = ("fp32", "bf16", "int8")
 

@@ -42,13 +42,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from preprocess.binarize import binarize_file
+from preprocess.encode import encode_file
+from preprocess.extract import extract
+from preprocess.vocab import load_spm, train_spm, write_fairseq_dict
 
-from preprocess.binarize import binarize_file  # noqa: E402
-from preprocess.encode import encode_file  # noqa: E402
-from preprocess.extract import extract  # noqa: E402
-from preprocess.vocab import load_spm, train_spm, write_fairseq_dict  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_WIKI = REPO.parent / "shared" / "data" / "enwiki-sample-206-pages.xml.bz2"
 # wiki / HTML markup that is never prose (case-insensitive substrings)
@@ -185,8 +184,7 @@ def repeated_dump(src, dst, times):
 
 def peak_rss_mb(argv):
     code = _RSS_WRAPPER.format(argv=[str(a) for a in argv])
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONWARNINGS="ignore")  # the package is installed: no PYTHONPATH
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])

@@ -9,13 +9,14 @@ spm.model, preprocess.json).  The output loads offline with
 ``AutoModel``/``AutoTokenizer``/``SentenceTransformer`` and was checked equal to
 fairseq (token ids, and outputs to --atol) before it was written.  A DupMAE
 checkpoint also gets DupMAE's retrieval representation (``--representation``,
-``seed_fairseq/hf/dupmae_head.py``).
+``seed_fairseq/dupmae/``).
 """
 
 import argparse
 import logging
 import sys
 
+from seed_fairseq.hf import representation
 from seed_fairseq.hf.export import ExportError, export
 
 
@@ -35,7 +36,7 @@ def main(argv=None):
     p.add_argument("--atol", type=float, default=1e-5, help="max abs difference allowed vs fairseq (fp32)")
     p.add_argument(
         "--representation",
-        choices=("cls", "dupmae"),
+        choices=representation.names(),  # cls, dupmae
         default=None,
         help="dupmae: also write DupMAE's representation (dupmae.json + dupmae_head.safetensors: the [CLS] "
         "projection and the MLM head as vocabulary projection). Default: dupmae for a dupmae_pretrain "

@@ -15,6 +15,9 @@ afterwards (no faster on 2 cores). Here workers look up whole chunks of lines
 flight) and the main process appends their tokens in order, so the output
 does not depend on the number of workers. Memory is bounded: sizes go to a
 temporary file until the index is written.
+
+fairseq (its Dictionary and index format) is imported by the functions that use
+it: importing this module does not load fairseq.
 """
 
 import collections
@@ -23,8 +26,6 @@ import struct
 from typing import Tuple, Union
 
 import numpy as np
-from fairseq.data import Dictionary
-from fairseq.data.indexed_dataset import MMapIndexedDataset, _dtype_header_code, best_fitting_int_dtype
 
 from .errors import PreprocessError, writing
 from .parallel import line_ranges, ordered_imap, read_range, split_lines
@@ -37,6 +38,9 @@ _DTYPE = None
 
 
 def _init_worker(dict_path):
+    from fairseq.data import Dictionary
+    from fairseq.data.indexed_dataset import best_fitting_int_dtype
+
     global _INDEX, _UNK, _EOS, _DTYPE
     dictionary = Dictionary.load(str(dict_path))
     _INDEX = dictionary.indices
@@ -73,6 +77,8 @@ def _binarize_range(task):
 
 def write_index(index_path: Union[str, os.PathLike], dtype: type, sizes_path: Union[str, os.PathLike], n: int) -> None:
     """fairseq's MMapIndexedDataset index for the ``n`` int32 sizes in ``sizes_path``, streaming."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset, _dtype_header_code
+
     itemsize = np.dtype(dtype).itemsize
     with open(index_path, "wb") as out, open(sizes_path, "rb") as f:
         out.write(MMapIndexedDataset.Index._HDR_MAGIC)
@@ -103,6 +109,9 @@ def binarize_file(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> Tuple[int, int]:
     """Write ``output_prefix``.bin/.idx; returns (sequences, tokens)."""
+    from fairseq.data import Dictionary
+    from fairseq.data.indexed_dataset import best_fitting_int_dtype
+
     dictionary = Dictionary.load(str(dict_path))
     dtype = best_fitting_int_dtype(len(dictionary))
     bin_path, idx_path = f"{output_prefix}.bin", f"{output_prefix}.idx"

@@ -1,16 +1,21 @@
 """The one exception type the CLI turns into ``error: <file>: <problem>`` and exit code 2,
 and the machine's errors it reports the same way."""
 
-import contextlib
 import errno
 import os
-from typing import Iterator, Union
 
-# Errors of the machine rather than of the code: reported like bad input, one
-# line naming the file, so the user can fix it and rerun to resume.
-ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
-# The ones only a write can raise: a full disk, a quota, the file-size limit.
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+from seed_fairseq.errors import ENVIRONMENT_ERRNOS
+from seed_fairseq.fileio import STORAGE_ERRNOS as WRITE_ERRNOS
+from seed_fairseq.fileio import naming as writing
+
+# ENVIRONMENT_ERRNOS: errors of the machine rather than of the code, reported like
+# bad input, one line naming the file, so the user can fix it and rerun to resume.
+# WRITE_ERRNOS: the ones only a write can raise (a full disk, a quota, the file-size
+# limit). writing(path): names ``path`` in such an error raised without a file name
+# (Python's write, flush and fsync raise them so, and a worker's or a library's
+# error may carry none); an error that already names its file keeps that name: put
+# the narrowest block innermost.
+__all__ = ["ENVIRONMENT_ERRNOS", "WRITE_ERRNOS", "PreprocessError", "environment_problem", "writing"]
 
 
 class PreprocessError(Exception):
@@ -31,24 +36,6 @@ class PreprocessError(Exception):
         # (the class called with ``args``, one string) would fail there, and
         # multiprocessing's result thread would die and leave the map waiting forever.
         return type(self), (self.path, self.problem)
-
-
-@contextlib.contextmanager
-def writing(path: Union[str, os.PathLike]) -> Iterator[None]:
-    """Name ``path`` in a full-disk or file-too-large error raised inside the block.
-
-    Python's ``write``, ``flush`` and ``os.fsync`` raise them without a file
-    name (and a worker's or a library's error may carry none), which would
-    leave the user a traceback instead of ``error: FILE: problem``. An error
-    that already names its file keeps that name: put the narrowest block
-    innermost.
-    """
-    try:
-        yield
-    except OSError as e:
-        if e.errno in WRITE_ERRNOS and not e.filename:
-            e.filename = str(path)
-        raise
 
 
 def environment_problem(e: OSError) -> str:

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from . import text as textmod
 from . import wiki, wiki_scanner
+from .inputs import book_files
 from .parallel import WorkerDied, ordered_imap
 
 # --wiki-cleaner: the default scanner, or the mwparserfromhell tree (builds made
@@ -248,7 +249,7 @@ def _segments(sources, skip_bad, stats):
             for title, page in wiki.iter_articles(path, source_stats):
                 yield "wiki", True, (str(path), title, page)
         elif kind == "books":
-            for book in textmod.book_files(path):
+            for book in book_files(path):
                 source_stats["files"] = source_stats.get("files", 0) + 1
                 for starts_doc, lines in textmod.read_book_segments(book, skip_bad, source_stats, _MAX_SEGMENT_LINES):
                     yield "text", starts_doc, lines

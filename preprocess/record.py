@@ -23,6 +23,8 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
+from seed_fairseq.fileio import delete_listed, fsync_dir, write_json_atomic
+
 RECORD = "preprocess.json"
 RECORD_FORMAT = "seed_fairseq.preprocess/1"
 WORK = ".work"
@@ -128,8 +130,6 @@ def delete_outputs(out: Path, rels: Iterable[str]) -> None:
     ``shard3``) these deletions left empty.  A listed path outside OUT (absolute,
     ``..``, or through a symbolic link) is refused before anything is deleted
     (``seed_fairseq.fileio.delete_listed``: the rule every tool shares)."""
-    from seed_fairseq.fileio import delete_listed  # lazily: see preprocess.build._fileio
-
     delete_listed(out, rels)
 
 
@@ -162,7 +162,7 @@ def work_is_own(out: Path) -> bool:
 def holds_build(folder: Path) -> bool:
     """Does ``folder`` hold a build of this tool, finished (its record) or not (its
     work state)? Its files are then the tool's outputs and work files, never input
-    (``preprocess.text.book_files``). An empty ``.work`` does not count: nothing is
+    (``preprocess.inputs.book_files``). An empty ``.work`` does not count: nothing is
     in it, and a folder of the user's must not be skipped for an empty subfolder."""
     if load_record(folder) is not None:
         return True
@@ -198,8 +198,6 @@ class WorkState:
         return cls(out)
 
     def save(self) -> None:
-        from seed_fairseq.fileio import write_json_atomic  # lazily: see preprocess.build._fileio
-
         write_json_atomic(
             self.path, {"format": STATE_FORMAT, "tool": TOOL, "outputs": self.outputs, "input_files": self.input_files}
         )
@@ -388,7 +386,7 @@ def _spm_sections(a, vocab_result: Dict[str, Any], dictionary_sha256: str) -> Di
             "counts": "1 for every piece",
             "size_with_specials": pieces + 1,
             "mask_index": vocabmod.spm_to_fairseq_id(pieces - 1) + 1,
-            # seed_fairseq.dictionary.dictionary_sha256: compared by the training
+            # seed_fairseq.vocabulary.dictionary.dictionary_sha256: compared by the training
             # task, checkpoints and the HF export before ids are trusted.
             "sha256": dictionary_sha256,
         },
@@ -417,8 +415,6 @@ def move_into(src: Path, dst: Path) -> None:
     seed_fairseq.fileio has no helper for a file written elsewhere (fairseq's
     binarizer writes its own files), hence this one.
     """
-    from seed_fairseq.fileio import fsync_dir
-
     with open(src, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(src, dst)
@@ -428,7 +424,5 @@ def move_into(src: Path, dst: Path) -> None:
 def write_record(out: Path, record: Dict[str, Any], staging: Path) -> None:
     """Write the record under ``staging`` (in OUT/.work) and rename it into OUT:
     complete or absent, and no temporary is ever left in OUT itself."""
-    from seed_fairseq.fileio import write_json_atomic
-
     tmp = write_json_atomic(Path(staging) / RECORD, record)
     move_into(tmp, Path(out) / RECORD)

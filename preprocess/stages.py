@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
+from seed_fairseq.fileio import OutputError, delete_listed, write_json_atomic
+
 logger = logging.getLogger("preprocess")
 
 
@@ -138,8 +140,6 @@ class Runner:
         """Make ``stage``'s folder ready: kept for a restart with the same
         fingerprint (it may hold finished parts), else cleared of what the stage
         wrote (:meth:`_discard`)."""
-        from seed_fairseq.fileio import write_json_atomic  # lazily: see preprocess.build._fileio
-
         fp = self.fingerprints[stage.name]
         # The old marker goes first: whatever happens next, no marker may
         # vouch for a folder that is being changed.
@@ -160,8 +160,6 @@ class Runner:
 
     def _discard(self, stage: Stage, folder: Path) -> None:
         """Delete what ``stage`` wrote in ``folder`` before it starts afresh."""
-        from seed_fairseq.fileio import OutputError, delete_listed
-
         if stage.writes is None:  # the stage's alone (see Stage)
             shutil.rmtree(folder, ignore_errors=True)
             return
@@ -173,8 +171,6 @@ class Runner:
         delete_listed(self.work, [p.relative_to(self.work).as_posix() for p in matches])
 
     def run(self, stop_after: Optional[str] = None) -> Dict[str, Any]:
-        from seed_fairseq.fileio import write_json_atomic
-
         results: Dict[str, Any] = {}
         for stage in self.stages:
             done = self.finished_result(stage) if stage.marker else None

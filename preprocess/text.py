@@ -9,7 +9,7 @@ model itself is trained with sentencepiece's ``identity`` normalizer.
 import re
 import unicodedata
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Tuple, Union
 
 from seed_fairseq.vocabulary.text import CONTROL_CHARACTERS
 
@@ -184,64 +184,6 @@ def check_nonempty_file(path: Union[str, Path]) -> None:
         raise PreprocessError(path, "not a regular file")
     if path.stat().st_size == 0:
         raise PreprocessError(path, "empty file")
-
-
-def book_files(directory: Union[str, Path], skipped: Optional[Set[Path]] = None) -> List[Path]:
-    """The .txt files of a BookCorpus-style directory (one book per file), sorted for determinism.
-
-    A folder below ``directory`` that holds a build of preprocess.build (an
-    ``--out`` put inside the books folder: this build's or another's) is not
-    books: its dict.txt and work files are the tool's outputs, and reading them
-    would make a build's input depend on its own output, so that its identical
-    rerun would never be "nothing to do". Such folders, and .txt links pointing
-    into one, are left out; ``skipped`` (when given) collects what was left out.
-    """
-    from .record import holds_build  # lazily: record imports this module lazily too
-
-    directory = Path(directory)
-    if not directory.exists():
-        raise PreprocessError(directory, "no such directory")
-    if not directory.is_dir():
-        raise PreprocessError(directory, "not a directory (--books expects a folder of .txt files)")
-    if holds_build(directory):
-        raise PreprocessError(
-            directory,
-            "holds a build of preprocess.build (preprocess.json or .work): its files are that "
-            "build's outputs, not books; give the folder of the .txt files",
-        )
-    root = directory.resolve()
-    holds: Dict[Path, bool] = {}
-
-    def build_folder(path: Path, stop: Callable[[Path], bool]) -> Optional[Path]:
-        """The first folder above ``path``, before one ``stop`` accepts, that holds a build."""
-        for parent in path.parents:
-            if stop(parent):
-                return None
-            if parent not in holds:
-                holds[parent] = holds_build(parent)
-            if holds[parent]:
-                return parent
-        return None
-
-    files = []
-    for p in sorted(directory.rglob("*.txt")):
-        if not p.is_file():
-            continue
-        # rglob does not enter linked folders: a file's folders below ``directory`` are real ones
-        found = build_folder(p, lambda d: d == directory)
-        if found is None and p.is_symlink():
-            # where the link points, up to the books folder or a folder above it
-            found = build_folder(p.resolve(), lambda d: d == root or d in root.parents)
-            if found is not None:
-                found = p
-        if found is not None:
-            if skipped is not None:
-                skipped.add(found)
-            continue
-        files.append(p)
-    if not files:
-        raise PreprocessError(directory, "empty directory: no .txt files found")
-    return files
 
 
 def read_book_segments(

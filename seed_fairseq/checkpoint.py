@@ -1,6 +1,6 @@
 """Reading, checking and writing fairseq checkpoints safely.
 
-Shared by ``fairseq-train`` (through ``compat``), ``seed-drop-decoder`` and the
+Shared by ``fairseq-train`` (through ``fairseq_patches``), ``seed-drop-decoder`` and the
 HuggingFace export:
 
 * :func:`load_torch_file` -- ``torch.load`` that runs no code from the file:
@@ -8,7 +8,7 @@ HuggingFace export:
   checkpoints hold (:data:`CHECKPOINT_TYPES`); a file needing anything else is
   refused in one line naming the type, unless the user trusts it
   (``--trust-checkpoint``: :func:`trusting`).  fairseq's own checkpoint code
-  loads through it too (``compat``);
+  loads through it too (``fairseq_patches.checkpoint_loading``);
 * :func:`read_checkpoint` -- one clear error for a file that is missing, not a
   checkpoint, or truncated;
 * :func:`peek_checkpoint` -- the metadata of a checkpoint (config, task state,
@@ -29,6 +29,7 @@ import logging
 import os
 import pickle
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, List, Optional, Tuple, Union
 
@@ -136,7 +137,7 @@ class UntrustedCheckpointError(CheckpointError):
 @contextlib.contextmanager
 def trusting(trust: Optional[bool]) -> Iterator[None]:
     """Inside, checkpoint loads that do not decide themselves (``trust=None``, and
-    fairseq's own through ``compat``) use the full unpickler if ``trust``; None
+    fairseq's own through ``fairseq_patches``) use the full unpickler if ``trust``; None
     keeps the enclosing decision."""
     token = _trusted.set(_trusted.get() if trust is None else bool(trust))
     try:
@@ -300,6 +301,34 @@ def embedding_rows(state: dict) -> Optional[int]:
     return None if weight is None else int(weight.shape[0])
 
 
+@dataclass(frozen=True)
+class DictionaryMatch:
+    """How a checkpoint's vocabulary compares with a data folder's ``dict.txt``: the one
+    decision every tool takes before loading, exporting or resuming (their messages differ)."""
+
+    rows: Optional[int]  # the checkpoint's token-embedding rows (None: it has no embedding)
+    size: int  # symbols of the dictionary, specials and <mask> included
+    recorded: Optional[str]  # the dictionary_sha256 the checkpoint records (None: not recorded)
+    current: str  # dictionary_sha256 of dict.txt (computed only when the sizes agree)
+    source: str  # where ``recorded`` came from
+
+    @property
+    def size_differs(self) -> bool:
+        return self.rows is not None and self.rows != self.size
+
+    @property
+    def symbols_differ(self) -> bool:
+        return not self.size_differs and self.recorded is not None and self.recorded != self.current
+
+
+def match_dictionary(state: dict, dict_path: PathLike, dictionary_size: int) -> DictionaryMatch:
+    rows = embedding_rows(state)
+    if rows is not None and rows != dictionary_size:
+        return DictionaryMatch(rows, dictionary_size, None, "", "not compared")
+    recorded, source = recorded_dictionary(state)
+    return DictionaryMatch(rows, dictionary_size, recorded, dictionary_sha256(dict_path), source)
+
+
 def check_dictionary(
     state: dict,
     path: PathLike,
@@ -315,26 +344,24 @@ def check_dictionary(
     cannot be loaded); same size with other symbols is an error unless
     ``allow_change`` (a deliberate vocabulary change: ids keep their rows).
     """
-    rows = embedding_rows(state)
-    if rows is not None and rows != dictionary_size:
+    match = match_dictionary(state, dict_path, dictionary_size)
+    if match.size_differs:
         raise CheckpointError(
             path,
-            f"dictionary size mismatch: the checkpoint's token embedding has {rows} rows but "
+            f"dictionary size mismatch: the checkpoint's token embedding has {match.rows} rows but "
             f"{dict_path} gives {dictionary_size} symbols (including specials and <mask>); "
             "use the data folder (dict.txt) the checkpoint was trained with",
         )
-    recorded, source = recorded_dictionary(state)
-    current = dictionary_sha256(dict_path)
-    if recorded is None:
+    if match.recorded is None:
         logger.warning(
-            f"{path}: the checkpoint does not record its dictionary ({source}); "
+            f"{path}: the checkpoint does not record its dictionary ({match.source}); "
             f"cannot check that {dict_path} is the one it was trained with"
         )
         return
-    if recorded != current:
+    if match.symbols_differ:
         problem = (
             f"trained with a different dictionary than {dict_path} (same size, other symbols: "
-            f"sha256 {recorded[:12]}... {source}, {current[:12]}... in the data); the token ids "
+            f"sha256 {match.recorded[:12]}... {match.source}, {match.current[:12]}... in the data); the token ids "
             "would not match the embeddings"
         )
         if not allow_change:

@@ -25,9 +25,6 @@ computes dot products and cosines in fp32, so it works on CPU and in half
 precision and leaves the training trajectory unchanged.
 """
 
-from . import plugin  # noqa: F401  (registration first: see seed_fairseq/__init__.py)
-
-# isort: split
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 

@@ -2,7 +2,7 @@
 the umask, and output folders that a tool may only replace when its own record
 says it wrote them.
 
-The guarantees (README, "Guarantees"):
+The guarantees (docs/guarantees.md):
 
 * every file appears complete or not at all: it is written under a temporary
   name in the same folder, flushed and fsync'ed, then renamed over the target;
@@ -20,6 +20,7 @@ The guarantees (README, "Guarantees"):
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, FrozenSet, Iterable, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -139,6 +140,22 @@ def copy_atomic(src: PathLike, dst: PathLike) -> Path:
         with open(src, "rb") as fin, open(tmp, "wb") as fout:
             shutil.copyfileobj(fin, fout, 16 << 20)
     return Path(dst)
+
+
+HASH_CHUNK = 16 << 20
+
+
+def sha256_file(path: PathLike, chunk: int = HASH_CHUNK) -> str:
+    """The sha256 (hex) of the content of the file ``path``, read ``chunk`` bytes at a time.
+
+    An unreadable file raises the ``OSError`` of ``open`` or ``read``; callers
+    that report input errors wrap it (``preprocess.inputs``).
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def check_output_dir(out: PathLike, record: str, tool: str, is_own: Optional[Callable[[Path], bool]] = None) -> bool:
@@ -294,8 +311,7 @@ def naming(path: PathLike) -> Iterator[None]:
 
     For a block that writes the one file ``path``; not inside :func:`atomic_path`,
     which may be nested in another one's block and could not tell whose write failed.
-    (``preprocess.errors.writing`` is the same for preprocess, which must not import
-    this package at import time: it loads fairseq.)
+    (``preprocess.errors.writing`` is this function.)
     """
     try:
         yield
@@ -469,19 +485,37 @@ def remove_stale_staging(out: PathLike, tool: str) -> None:
             os.close(fd)
 
 
+def lock_folder(folder: PathLike, busy: str, *, lock_file: Optional[str] = None) -> Optional[int]:
+    """The one writer's lock on ``folder``, taken without waiting: a second writer is refused.
+
+    Locks ``folder`` itself, or the file ``folder/lock_file`` (created, umask
+    permissions) when given.  Returns the descriptor that holds the lock
+    (closing it, or the process ending, even by ``kill -9``, releases it), or
+    None on a file system without locks, where the caller carries on unlocked.
+    :class:`OutputError` ``(folder, busy)`` when another process holds it; an
+    error opening the folder or file is raised as it is.
+    """
+    target = Path(folder) / lock_file if lock_file else Path(folder)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT if lock_file else os.O_RDONLY, file_mode())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise OutputError(folder, busy) from None
+        return None
+    return fd
+
+
 @contextlib.contextmanager
 def _folder_lock(out: Path, tool: str) -> Iterator[None]:
     """One install at a time into ``out``; a second one is refused, never waits."""
-    fd = os.open(out, os.O_RDONLY)
+    fd = lock_folder(out, f"another {tool} is writing this folder; wait for it to finish")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise OutputError(out, f"another {tool} is writing this folder; wait for it to finish") from None
         yield
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _check_room(out: Path, rels: Iterable[str], owned: FrozenSet[str], tool: str) -> None:
@@ -602,3 +636,25 @@ def staged_output(
             raise OutputError(
                 name, f"{err.strerror} while writing the output; free space or raise the limit, then run again"
             ) from None
+
+
+@contextlib.contextmanager
+def staged_dir(
+    out: PathLike, record: str, tool: str, *, replace: bool, is_own: Optional[Callable[[Path], bool]] = None
+) -> Iterator[Tuple[Path, Dict[str, Any]]]:
+    """The whole epilogue of a tool that writes an output folder: stage, record, install.
+
+    ``with staged_dir(out, RECORD, TOOL, replace=force) as (staging, content):``
+    the block writes the output's files into ``staging`` and fills the dict
+    ``content``; when it ends without an exception, ``content`` is written as
+    the tool's record, the last file (:func:`write_output_record`, which adds
+    the list of files), and the folder is installed at ``out``
+    (:func:`staged_output`, whose guarantees apply).  A block that leaves
+    ``content`` empty is a bug of the tool: RuntimeError, nothing installed.
+    """
+    with staged_output(out, record, tool, replace=replace, is_own=is_own) as staging:
+        content: Dict[str, Any] = {}
+        yield staging, content
+        if not content:
+            raise RuntimeError(f"{tool} wrote no record content for {out}")  # a bug of the tool
+        write_output_record(staging, record, content)

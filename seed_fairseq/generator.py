@@ -3,7 +3,7 @@
 The paper borrows ELECTRA-base's released generator; nothing is downloaded
 here, so the generator is any fairseq masked-LM checkpoint trained on the same
 ``dict.txt`` (``--generator-path``): typically a small ``seed_encoder_mlm_only``
-trained with this plugin on the same data (README, "SimLM: the generator").
+trained with this plugin on the same data (docs/objectives/simlm.md, "The generator, and how to make one").
 
 Frozen means: eval mode, ``requires_grad`` off, and NOT a submodule of the
 model or the criterion.  fairseq saves ``model.state_dict()`` (and the
@@ -19,31 +19,23 @@ tokens however a batch is split over ``--update-freq`` and workers, and after
 a resume.
 """
 
-from . import plugin  # noqa: F401  (registration first: see seed_fairseq/__init__.py)
-
-# isort: split
-import hashlib
 import logging
 import os
 from typing import Optional
 
 import torch
 
-from .checkpoint import CheckpointError, embedding_rows, model_config, read_checkpoint, recorded_dictionary
+from .checkpoint import CheckpointError, match_dictionary, model_config, read_checkpoint
 from .data.replaced_lm_dataset import NOISE_BITS
-from .vocabulary.dictionary import dictionary_sha256
+from .fileio import sha256_file
+from .vocabulary.dictionary import is_ordinary
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_CHUNK = 1024  # masked positions sampled at once (bounds the fp32 rows x vocab temporaries)
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+file_sha256 = sha256_file  # its 0.2 name
 
 
 def inverse_cdf_sample(logits: torch.Tensor, u: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
@@ -88,7 +80,7 @@ class FrozenGenerator:
         if not path:
             raise ValueError(
                 "--generator-path is required: a masked-LM checkpoint trained on the same dict.txt "
-                "(e.g. --arch seed_encoder_mlm_only with a small encoder; see the README)"
+                "(e.g. --arch seed_encoder_mlm_only with a small encoder; see docs/objectives/simlm.md)"
             )
         path = os.path.abspath(path)
         try:
@@ -118,9 +110,8 @@ class FrozenGenerator:
                 f"--generator-path: the generator has {model.max_positions()} positions, fewer than "
                 f"--tokens-per-sample {task.cfg.tokens_per_sample}",
             )
-        banned = torch.zeros(len(task.source_dictionary), dtype=torch.bool)
-        banned[: task.source_dictionary.nspecial] = True
-        banned[task.mask_idx] = True
+        ids = torch.arange(len(task.source_dictionary))
+        banned = ~is_ordinary(ids, task.source_dictionary.nspecial, task.mask_idx)
         sha = file_sha256(path)
         n_params = sum(p.numel() for p in model.parameters())
         logger.info(f"generator: {path} ({name}, {n_params} parameters, sha256 {sha[:12]}...), frozen")
@@ -128,24 +119,22 @@ class FrozenGenerator:
 
     @staticmethod
     def _check_dictionary(state: dict, path: str, task) -> None:
-        size = len(task.source_dictionary)
-        rows = embedding_rows(state)
-        if rows is None:
+        match = match_dictionary(state, task.dict_path, len(task.source_dictionary))
+        if match.rows is None:
             raise CheckpointError(path, "--generator-path: not a masked language model (no token embedding)")
-        if rows != size:
+        if match.size_differs:
             raise CheckpointError(
                 path,
-                f"--generator-path: dictionary mismatch: the generator embeds {rows} symbols but "
-                f"{task.dict_path} gives {size} (with specials and <mask>); train the generator on this data",
+                f"--generator-path: dictionary mismatch: the generator embeds {match.rows} symbols but "
+                f"{task.dict_path} gives {match.size} (with specials and <mask>); train the generator on this data",
             )
-        recorded, source = recorded_dictionary(state)
-        if recorded is None:
+        if match.recorded is None:
             logger.warning(f"{path}: the generator does not record its dictionary; cannot check {task.dict_path}")
-        elif recorded != dictionary_sha256(task.dict_path):
+        elif match.symbols_differ:
             raise CheckpointError(
                 path,
                 f"--generator-path: dictionary mismatch: trained with other symbols than {task.dict_path} "
-                f"(same size; sha256 {recorded[:12]}... {source}); its token ids would mean other pieces",
+                f"(same size; sha256 {match.recorded[:12]}... {match.source}); its token ids would mean other pieces",
             )
 
     def _place(self, device: torch.device, dtype: torch.dtype) -> None:

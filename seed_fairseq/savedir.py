@@ -5,8 +5,8 @@ without a word, and the advised rerun of an interrupted run is exactly such a
 second run when the first one still lives.  The process that writes the
 checkpoints (rank 0, or each rank with its own checkpoint suffix) therefore
 holds an exclusive lock on ``SAVE_DIR/.fairseq-train<suffix>.lock`` from its
-first look at the save-dir until it exits (``compat`` takes it before the
-first checkpoint is read).
+first look at the save-dir until it exits (``fairseq_patches.save_dir_lock``
+takes it before the first checkpoint is read).
 
 The lock is a POSIX record lock (``fcntl.lockf``): the kernel releases it when
 the holder dies, even by ``kill -9``, so a stale lock never blocks a restart;

@@ -54,7 +54,7 @@ def contract_data(tmp_path_factory):
 
 
 # SimLM's generator for the tests: a masked LM unlike the SimLM encoder (1 layer,
-# hidden 16, FFN 23), made the way the README documents, through the real CLI
+# hidden 16, FFN 23), made the way docs/objectives/simlm.md documents, through the real CLI
 SIMLM_GENERATOR_ARCH = [
     "--arch",
     "seed_encoder_mlm_only",

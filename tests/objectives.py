@@ -1,11 +1,15 @@
 """The plugin's pre-training objectives as the tests see them: one entry each.
 
-Adding an objective to the plugin adds one entry here; the contract suite
-(``test_contract.py``) then checks it like every other objective.
+The entries are read off the task classes' own descriptions
+(``BottleneckPretrainTask.objectives``, ``seed_fairseq/objectives.py``): adding an
+objective to the plugin adds nothing here, and the contract suite
+(``test_contract.py``) checks it like every other objective.
 """
 
 from dataclasses import dataclass, field
 from typing import List, Tuple
+
+from seed_fairseq.tasks.registry import registered_objectives
 
 # deliberately odd sizes: hidden 32, FFN 37, 2 heads
 TINY_ENCODER = [
@@ -41,6 +45,31 @@ class Objective:
     # the worker split must still give the same update, an --update-freq split must
     # give exactly the count-weighted mean of the micro-batches' own losses instead
     in_batch_terms: Tuple[str, ...] = ()
+    # the model card's heading, "# {title} (exported from fairseq)"
+    title: str = ""
+    # a module to import before a tool runs in a subprocess (fairseq-train, seed-drop-heads,
+    # the export): an objective registered outside the plugin (tests/toy_objective.py)
+    preload: str = ""
+
+    @classmethod
+    def from_description(cls, d, **overrides) -> "Objective":
+        """The entry of one ``ObjectiveDescription`` (its ``task`` filled in by the registry)."""
+        fields = dict(
+            name=d.name,
+            task=d.task,
+            criterion=d.criterion,
+            arch=d.test_arch,
+            model_args=list(d.test_args),
+            bottleneck_terms=d.bottleneck_terms,
+            terms=d.terms,
+            heads=d.heads,
+            # SimLM's frozen generator: a fixture of the contract suite
+            needs=(("--generator-path", "simlm_generator"),) if d.needs_generator else (),
+            in_batch_terms=d.in_batch_terms,
+            title=d.title,
+        )
+        fields.update(overrides)
+        return cls(**fields)
 
     def args(self, **fixtures) -> List[str]:
         """The objective's fairseq-train arguments; ``fixtures`` gives the value of each of ``needs``."""
@@ -62,70 +91,17 @@ class Objective:
         ]
 
 
-OBJECTIVES = [
-    Objective(
-        "seed",
-        "seed_pretrain",
-        "seed_pretrain",
-        "seed_encoder_tiny",
-        ["--decoder-layers", "2"],
-        bottleneck_terms=("dec",),
-        terms=("mlm", "dec"),
-        heads=("weak_decoder.",),
-    ),
-    Objective(
-        "seed_full",
-        "seed_pretrain",
-        "seed_pretrain",
-        "seed_encoder_tiny",
-        ["--decoder-layers", "1", "--decoder-attention-window", "full"],
-        bottleneck_terms=("dec",),
-        terms=("mlm", "dec"),
-        heads=("weak_decoder.",),
-    ),
-    Objective("mlm_only", "seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
-    Objective(
-        "simlm",
-        "simlm_pretrain",
-        "simlm_pretrain",
-        "simlm_tiny",
-        [],
-        bottleneck_terms=("dec",),
-        terms=("enc", "dec"),
-        heads=("simlm_decoder.",),
-        needs=(("--generator-path", "simlm_generator"),),
-    ),
-    Objective(
-        "cpdae",
-        "cpdae_pretrain",
-        "cpdae_pretrain",
-        "cpdae_tiny",
-        [],
-        bottleneck_terms=("bow", "cl"),
-        terms=("mlm", "bow", "cl"),
-        heads=("bow_decoder.",),
-        in_batch_terms=("cl",),
-    ),
-    Objective(
-        "retromae",
-        "retromae_pretrain",
-        "retromae_pretrain",
-        "retromae_tiny",
-        ["--decoder-ffn-embed-dim", "23"],
-        bottleneck_terms=("dec",),
-        terms=("mlm", "dec"),
-        heads=("enhanced_decoder.",),
-    ),
-    Objective(
-        "dupmae",
-        "dupmae_pretrain",
-        "dupmae_pretrain",
-        "dupmae_tiny",
-        ["--decoder-ffn-embed-dim", "23"],
-        bottleneck_terms=("dec",),
-        terms=("mlm", "dec", "bow"),
-        heads=("enhanced_decoder.",),
-    ),
-]
+def _plugin_objectives() -> List[Objective]:
+    """The objectives of the plugin's own tasks (not of a test's, registered in this process too)."""
+    from fairseq.tasks import TASK_REGISTRY
+
+    return [
+        Objective.from_description(d)
+        for d in registered_objectives()
+        if TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq.")
+    ]
+
+
+OBJECTIVES = _plugin_objectives()
 
 BY_NAME = {o.name: o for o in OBJECTIVES}

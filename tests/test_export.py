@@ -192,7 +192,9 @@ def test_vocabulary_that_does_not_match_the_checkpoint(checkpoint, tmp_path):
     other = preprocess(tmp_path / "other", 700)
     proc = export(checkpoint, other, tmp_path / "out")
     assert proc.returncode == 2
-    assert f"{other}/dict.txt: gives 702 symbols" in proc.stderr and "embedding has 1002 rows" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {checkpoint}: dictionary size mismatch"), last
+    assert "embedding has 1002 rows" in last and f"{other}/dict.txt gives 702 symbols" in last
     assert not (tmp_path / "out").exists() and _no_partial_output(tmp_path)
 
 

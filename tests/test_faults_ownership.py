@@ -158,7 +158,7 @@ def test_export_full_disk_is_one_line_and_changes_nothing(tmp_path, monkeypatch)
     def full(staging, record, content):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(staging) / record))
 
-    monkeypatch.setattr(export_mod, "write_output_record", full)
+    monkeypatch.setattr(fileio, "write_output_record", full)  # what fileio.staged_dir writes the record with
     with pytest.raises(export_mod.ExportError) as e:
         export(out, force=True)
     assert str(e.value).startswith(f"{out / export_mod.EXPORT_RECORD}: {os.strerror(errno.ENOSPC)}")

@@ -29,6 +29,7 @@ import pytest
 from test_preprocess import BOOKS, REPO, WIKI_SAMPLE, files_of, make_text_corpus
 
 from preprocess import build as build_mod
+from preprocess.steps import save_tokenizer
 
 SMALL = ["--vocab-size", 300, "--workers", 1, "--valid-docs", 2, "--test-docs", 2]
 TINY = ["--vocab-size", 300, "--workers", 1]  # held-out sizes left to the tool
@@ -834,8 +835,8 @@ def test_out_inside_books_is_left_out_of_the_books(tmp_path, text_file, books_di
 
 
 def test_books_listing_leaves_out_every_build_folder(tmp_path):
+    from preprocess.inputs import book_files
     from preprocess.record import RECORD_FORMAT, STATE_FORMAT
-    from preprocess.text import book_files
 
     books = tmp_path / "books"
     for rel in ("a.txt", "kept/b.txt", "kept/.work/c.txt", "done/dict.txt", "done/sub/d.txt", "busy/.work/x.txt"):
@@ -1029,10 +1030,10 @@ def test_os_error_of_the_rust_tokenizers_is_an_os_error(tmp_path):
             raise self.error
 
     with pytest.raises(OSError) as e:
-        build_mod._save_tokenizer(Tokenizer(Exception("File too large (os error 27)")), tmp_path)
+        save_tokenizer(Tokenizer(Exception("File too large (os error 27)")), tmp_path)
     assert e.value.errno == errno.EFBIG
     with pytest.raises(ValueError, match="os error 27"):  # not an OS error: unchanged
-        build_mod._save_tokenizer(Tokenizer(ValueError("os error 27")), tmp_path)
+        save_tokenizer(Tokenizer(ValueError("os error 27")), tmp_path)
 
 
 def test_error_in_a_worker_reaches_the_parent_without_hanging(tmp_path):

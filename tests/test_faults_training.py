@@ -19,7 +19,7 @@ from helpers import run, train_cmd
 from objectives import OBJECTIVES
 from test_contract import build
 
-from seed_fairseq import compat, savedir
+from seed_fairseq import fairseq_patches, savedir
 from seed_fairseq.criterions.cpdae_pretrain import check_two_texts_per_batch
 from seed_fairseq.diagnostics import probe_pairs
 from seed_fairseq.errors import ConfigurationError
@@ -122,7 +122,7 @@ def test_full_disk_is_one_line_and_leaves_the_old_checkpoint(tmp_path, monkeypat
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(checkpoint.torch, "save", full_disk)
-    save = compat.one_line_errors(lambda: checkpoint_utils.torch_persistent_save({"model": {}}, str(target)))
+    save = fairseq_patches.one_line_errors(lambda: checkpoint_utils.torch_persistent_save({"model": {}}, str(target)))
     with pytest.raises(SystemExit) as exited:
         save()
     assert exited.value.code == 2 and len(calls) == 1  # not retried
@@ -137,9 +137,9 @@ def test_errors_that_are_not_the_users_keep_their_traceback():
         raise RuntimeError("a bug")
 
     with pytest.raises(RuntimeError, match="a bug"):
-        compat.one_line_errors(bug)()
+        fairseq_patches.one_line_errors(bug)()
     with pytest.raises(FileNotFoundError):  # an OSError, but not of the machine's state
-        compat.one_line_errors(lambda: open("/nonexistent/x"))()
+        fairseq_patches.one_line_errors(lambda: open("/nonexistent/x"))()
 
 
 @pytest.mark.slow

@@ -115,7 +115,7 @@ def _decoder_logits(model, tokens, features):
         _, extra = model(tokens, prev_output_tokens=tokens[:, :-1])
     finally:
         del model.encoder.extract_features
-    return extra["decoder_out"]
+    return torch.nn.functional.linear(extra["decoder_features"], *model.decoder_projection())
 
 
 def test_decoder_sees_the_encoder_only_through_position_0(odd_dict_dir):

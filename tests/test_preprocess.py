@@ -863,6 +863,59 @@ def test_line_option_values_are_checked(tmp_path, text_file, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_cli_and_library_call_make_the_same_options(tmp_path):
+    """build() and the command line make one BuildOptions; its identity (the record's
+    config, hence every fingerprint) keeps the keys and values of every earlier version."""
+    from preprocess.options import BuildOptions, parse_args
+
+    argv = ["--text", "c.txt", "--out", str(tmp_path / "o"), "--vocab-size", "500", "--no-lowercase"]
+    cli = parse_args(argv + ["--valid-docs", "3", "--wiki", "w.xml", "--wiki-cleaner", "scanner"])
+    call = BuildOptions.from_call(
+        tmp_path / "o", text=[Path("c.txt")], wiki=["w.xml"], vocab_size=500, lowercase=False, valid_docs=3, nfkc=None
+    )
+    assert call == cli
+    assert cli.identity() == {
+        "lowercase": False,
+        "nfkc": True,
+        "valid_docs": 3,
+        "test_docs": None,
+        "shards": 1,
+        "seed": 1,
+        "skip_bad": False,
+        "line_unit": "sentence",
+        "max_line_pieces": 510,
+        "vocab_size": 500,
+        "byte_fallback": True,
+        "character_coverage": 0.9995,
+        "spm_sample_sentences": 1000000,
+        "wiki_cleaner": "scanner",
+    }
+    tok = parse_args(["--text", "c.txt", "--out", "o", "--tokenizer", "t"])
+    assert (tok.lowercase, tok.nfkc, tok.vocab_size) == (False, False, 32768)
+    assert tok.identity("abc") == dict(
+        {k: v for k, v in cli.identity().items() if k not in build_mod.SPM_DEFAULTS and k != "wiki_cleaner"},
+        lowercase=False,
+        nfkc=False,
+        valid_docs=None,
+        tokenizer="abc",
+    )
+
+
+def test_preprocess_imports_neither_fairseq_nor_the_plugin():
+    """Code that does not use fairseq does not pay for it (issue 22): every module of
+    preprocess/ imports without fairseq, the plugin's registration or its patches."""
+    code = (
+        "import importlib, pkgutil, sys, preprocess\n"
+        "for m in pkgutil.iter_modules(preprocess.__path__):\n"
+        "    importlib.import_module('preprocess.' + m.name)\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'fairseq' or m.startswith("
+        "('seed_fairseq.plugin', 'seed_fairseq.compat', 'seed_fairseq.fairseq_patches'))]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
 # ---- bad input: one clear error, exit code 2, nothing complete-looking ---------------------------
 
 

@@ -419,10 +419,10 @@ def test_retromae_has_no_bow_term_and_dupmae_needs_its_task(odd_dict_dir):
     sample = _sample(task)
     assert set(criterion.compute_terms(model, sample)) == {"mlm", "dec"}
     assert set(task.term_counts(sample)) == {"mlm", "dec"}
-    from seed_fairseq.criterions.retromae_pretrain import DupMAECriterion
+    from seed_fairseq.criterions.retromae_pretrain import DupMAECriterion, DupMAECriterionConfig
 
     with pytest.raises(ValueError, match="--criterion dupmae_pretrain needs --task dupmae_pretrain"):
-        DupMAECriterion(task)
+        DupMAECriterion(DupMAECriterionConfig(), task)
 
 
 # ---------------------------------------------------------------------------

@@ -540,7 +540,7 @@ def train_cmd(data, save_dir, generator, *extra, max_update=4):
 
 @pytest.mark.slow
 def test_simlm_trains_and_validates_with_a_generator_made_by_this_project(contract_data, simlm_generator, tmp_path):
-    """The README's recipe end to end: a small seed_encoder_mlm_only generator trained on
+    """The recipe of docs/objectives/simlm.md end to end: a small seed_encoder_mlm_only generator trained on
     the same data with fairseq-train (the simlm_generator fixture), then SimLM with it."""
     proc = check(train_cmd(contract_data, tmp_path / "simlm", simlm_generator, "--validate-interval-updates", "2"))
     train, valid = records(proc), records(proc, "valid")

@@ -12,15 +12,15 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .pipeline import Plan, write_retrieval_set
+from ..hf.folder import read_config
+from ..hf.import_keymap import FAMILIES, position_offset
+from ..retrieval.data import DataFormatError, load_data
+from .layout import Plan, write_retrieval_set
 
 
 def init_positions(init: Path) -> Optional[int]:
     """Tokens the ``--init`` model's position embeddings take (RoBERTa-style models lose
     pad + 1 rows); None when its config does not say (the import stage then refuses it)."""
-    from ..hf.folder import read_config
-    from ..hf.import_keymap import FAMILIES, position_offset
-
     cfg = read_config(init)  # HFFolderError: not JSON, not an object
     family = FAMILIES.get(cfg.get("model_type"))
     rows = cfg.get("max_position_embeddings")
@@ -70,8 +70,6 @@ def check_retrieval_splits(plan: Plan, docs: List[List[str]]) -> None:
     """--train-split and --test-split exist and have judged queries."""
     wanted = {"--train-split": plan.train_split, "--test-split": plan.test_split}
     if plan.retrieval_data is not None:
-        from ..retrieval.data import DataFormatError, load_data
-
         for flag, split in wanted.items():
             try:
                 load_data(plan.retrieval_data, split)

@@ -19,10 +19,19 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from preprocess.errors import PreprocessError
+
 from ..fileio import OutputError, storage_line
 from ..retrieval.cli import nonneg_int, positive_int, report, seed_int
-from ..retrieval.training import FinetuneConfig
-from .objectives import ORDER, PretrainSettings, parse_objectives
+from ..retrieval.config import add_config_args, config_from_args, flag_of
+from ..retrieval.data import DataFormatError
+from ..retrieval.search import SearchError
+from .checks import check_plan
+from .heldout import blocks_needed, plan_valid_docs
+from .interrupt import Interrupted, handle_interrupts
+from .layout import Plan, corpus_documents
+from .objectives import OBJECTIVES, ORDER, PretrainSettings, parse_objectives
+from .pipeline import Comparison, StageError, claim_out, lock_out
 from .presets import PRESETS
 
 
@@ -47,6 +56,18 @@ def _lengths(text: str) -> List[int]:
         raise ValueError("--cos-lengths: each length must be >= 3 ([CLS] + text + </s>)")
     return values
 
+
+# FinetuneConfig field -> the comparison's flag: its own names (the epochs, batch size and
+# learning rate of fine-tuning under ft-), the flags and help generated from the fields
+FT_PREFIXED = ("epochs", "batch_size", "lr")
+FINETUNE_FLAGS = {
+    name: flag_of(name, prefix="ft-" if name in FT_PREFIXED else "")
+    for name in ("negatives", "loss", "num_negatives", *FT_PREFIXED, "encode_batch_size", "index")
+}
+# where the comparison's defaults are not FinetuneConfig's: the preset's (None: filled from PRESETS),
+# and 64 texts per encoding batch (FinetuneConfig: 128)
+FINETUNE_DEFAULTS = {"epochs": None, "batch_size": None, "lr": None, "encode_batch_size": 64}
+FINETUNE_TYPES = {"lr": float}  # --ft-lr: checked by FinetuneConfig.validate (finetune.py: by argparse)
 
 FLAG_HELP = {
     "--valid-docs": "documents held out for validation, at least; more are held out when they give fewer blocks "
@@ -96,16 +117,9 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("fine-tuning and evaluation (identical for every model)")
     g.add_argument("--train-split", default="train")
     g.add_argument("--test-split", default="test")
-    g.add_argument("--negatives", choices=("bm25", "ance", "none"), default="bm25")
-    g.add_argument("--loss", choices=("mnrl", "triplet"), default="mnrl")
-    g.add_argument("--num-negatives", type=nonneg_int, default=1)
-    g.add_argument("--ft-epochs", type=positive_int, default=None)
-    g.add_argument("--ft-batch-size", type=positive_int, default=None)
-    g.add_argument("--ft-lr", type=float, default=None)
+    add_config_args(g, FINETUNE_FLAGS, defaults=FINETUNE_DEFAULTS, types=FINETUNE_TYPES)
     g.add_argument("--fractions", default=None, help="shares of the training queries (few-shot curve)")
     g.add_argument("--max-seq-length", type=positive_int, default=None)
-    g.add_argument("--encode-batch-size", type=positive_int, default=64)
-    g.add_argument("--index", default="flat")
     g.add_argument("--k", type=positive_int, default=1000)
     g.add_argument("--resamples", type=positive_int, default=10000, help="permutation test resamples")
     g.add_argument("--cos-lengths", default=None)
@@ -115,8 +129,6 @@ def parser() -> argparse.ArgumentParser:
 
 def _read_corpus(corpus: Path) -> List[List[str]]:
     """Its documents: the held-out set and the derived retrieval set are planned from them."""
-    from .pipeline import corpus_documents
-
     try:
         return corpus_documents(corpus)
     except UnicodeDecodeError as e:
@@ -127,8 +139,6 @@ def _read_corpus(corpus: Path) -> List[List[str]]:
 
 def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
     """The resolved :class:`Plan`; ValueError / OutputError for what must be refused before anything runs."""
-    from .pipeline import Plan
-
     preset = dict(PRESETS[args.preset])
     for key, value in preset.items():
         if getattr(args, key, None) is None:
@@ -152,17 +162,7 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         raise ValueError(f"--warmup ({args.warmup}) must not exceed --updates ({args.updates})")
     if args.tokens_per_sample < 8:
         raise ValueError("--tokens-per-sample must be >= 8")
-    cfg = FinetuneConfig(
-        negatives=args.negatives,
-        loss=args.loss,
-        batch_size=args.ft_batch_size,
-        lr=args.ft_lr,
-        epochs=args.ft_epochs,
-        num_negatives=args.num_negatives,
-        encode_batch_size=args.encode_batch_size,
-        index=args.index,
-        show_progress=False,
-    )
+    cfg = config_from_args(args, FINETUNE_FLAGS, show_progress=False)
     cfg.validate()
     settings = PretrainSettings(
         encoder_args=shlex.split(args.encoder_args),
@@ -178,10 +178,6 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         gpu=args.gpu,
         save_every=max(50, args.updates // 10),
     )
-    from .checks import check_plan
-    from .heldout import blocks_needed, plan_valid_docs
-    from .objectives import OBJECTIVES
-
     # CPDAE needs an even batch: refused now, not after an hour
     batches = [settings.batch_for(OBJECTIVES[o]) for o in objectives]
     docs = _read_corpus(corpus)
@@ -225,8 +221,6 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
 def main(argv: Optional[List[str]] = None, prog: str = "examples/compare_objectives.py") -> int:
     """The command: a result table, ``error:`` and exit 2, or, on SIGINT/SIGTERM/SIGHUP, every child
     stopped and 128 + the signal number (interrupt.py)."""
-    from .interrupt import Interrupted, handle_interrupts
-
     with handle_interrupts():
         try:
             return _main(argv, prog)
@@ -236,10 +230,6 @@ def main(argv: Optional[List[str]] = None, prog: str = "examples/compare_objecti
 
 
 def _main(argv: Optional[List[str]], prog: str) -> int:
-    from ..retrieval.data import DataFormatError
-    from ..retrieval.search import SearchError
-    from .pipeline import Comparison, StageError, claim_out, lock_out
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     # the libraries' progress bars and warnings would bury the stage log
@@ -266,8 +256,6 @@ def _main(argv: Optional[List[str]], prog: str) -> int:
     except (DataFormatError, OutputError, SearchError) as e:
         return report(e)
     except Exception as e:  # errors of the tools the stages call, with their own one-line messages
-        from preprocess.errors import PreprocessError
-
         from ..hf.import_ import HFImportError
 
         if isinstance(e, (PreprocessError, HFImportError)):

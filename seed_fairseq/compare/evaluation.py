@@ -14,20 +14,25 @@ representation, Eq. 12).  Every model is fine-tuned by the same
 sees the same few-shot subset of queries); fine-tuned weights are not kept.
 """
 
+import random
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import List
 
+import torch
+
 from ..fileio import write_json_atomic
+from ..retrieval.analysis import cls_similarity
+from ..retrieval.data import load_data
+from ..retrieval.evaluate import evaluate_model
+from ..retrieval.metrics import write_trec_run
+from ..retrieval.search import load_model
+from ..retrieval.training import finetune
+from .layout import corpus_documents, fraction_label, log
 from .objectives import OBJECTIVES
 
 SIMILARITY_CHARS = 1_000_000  # text the [CLS]-cosine windows are cut from
-
-
-def fraction_label(f: float) -> str:
-    """0.1 -> '10' (the file suffix and the table's column)."""
-    return f"{f * 100:g}"
 
 
 def similarity_texts(comp) -> List[str]:
@@ -35,10 +40,6 @@ def similarity_texts(comp) -> List[str]:
     cached = getattr(comp, "_similarity_texts", None)
     if cached is not None:
         return cached
-    import random
-
-    from .pipeline import corpus_documents
-
     docs = [" ".join(d) for d in corpus_documents(comp.plan.corpus)]
     random.Random(1).shuffle(docs)
     texts, size = [], 0
@@ -52,16 +53,6 @@ def similarity_texts(comp) -> List[str]:
 
 
 def evaluate_run(comp, obj: str, seed: int) -> None:
-    import torch
-
-    from ..retrieval.analysis import cls_similarity
-    from ..retrieval.data import load_data
-    from ..retrieval.evaluate import evaluate_model
-    from ..retrieval.metrics import write_trec_run
-    from ..retrieval.search import load_model
-    from ..retrieval.training import finetune
-    from .pipeline import log
-
     p = comp.plan
     torch.set_num_threads(p.threads)
     folder: Path = comp.eval_dir(obj, seed)

@@ -13,7 +13,7 @@ tokens per update as every other objective.
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -33,75 +33,65 @@ class ObjectiveSpec:
     notes: str = ""
 
 
-OBJECTIVES: Dict[str, ObjectiveSpec] = {
-    o.name: o
-    for o in [
-        ObjectiveSpec(
-            "seed",
-            "SEED-Encoder (weak decoder, k=2)",
-            "seed_pretrain",
-            "seed_pretrain",
-            "seed_encoder_base",
-            notes="MLM 15% + 3-layer decoder with attention window 2 over the unmasked text; 0.5/0.5 weights",
-        ),
-        ObjectiveSpec(
-            "full",
-            "SEED, full-attention decoder",
-            "seed_pretrain",
-            "seed_pretrain",
-            "seed_encoder_base",
-            ("--decoder-attention-window", "full"),
-            notes="the paper's strong-decoder ablation: the same decoder with full causal attention",
-        ),
-        ObjectiveSpec(
-            "mlm",
-            "MLM only",
-            "seed_pretrain",
-            "seed_pretrain",
-            "seed_encoder_mlm_only",
-            ("--mlm-weight", "1.0"),
-            notes="the BERT baseline on the identical pipeline (MLM 15%, weight 1)",
-        ),
-        ObjectiveSpec(
-            "retromae",
-            "RetroMAE",
-            "retromae_pretrain",
-            "retromae_pretrain",
-            "retromae_base",
-            notes="encoder masking 30% whole words + 1-layer enhanced decoder (50% per-row masks)",
-        ),
-        ObjectiveSpec(
-            "dupmae",
-            "DupMAE",
-            "dupmae_pretrain",
-            "dupmae_pretrain",
-            "dupmae_base",
-            representations=("dupmae", "cls"),
-            notes="RetroMAE + bag-of-words term (weight 1, the paper's); evaluated with its dense+sparse "
-            "representation and with [CLS] alone",
-        ),
-        ObjectiveSpec(
-            "simlm",
-            "SimLM",
-            "simlm_pretrain",
-            "simlm_pretrain",
-            "simlm_base",
-            needs_generator=True,
-            notes="replaced LM with a frozen generator (30% / 50%), 2-layer decoder copied from the encoder",
-        ),
-        ObjectiveSpec(
-            "cpdae",
-            "CPDAE",
-            "cpdae_pretrain",
-            "cpdae_pretrain",
-            "cpdae_base",
-            texts_per_update_factor=0.5,
-            notes="MLM on two views + bag-of-words MLP decoder + JS contrast (lambda 0.1); half the texts "
-            "per update (two views each)",
-        ),
-    ]
-}
-ORDER = tuple(OBJECTIVES)
+class _Registered(Mapping):
+    """The plugin's registered objectives as comparison specs, by their ``--objectives`` name,
+    in table order.  Read from the task classes' descriptions (``seed_fairseq.objectives``) on
+    first use, not at import: listing them imports fairseq, the comparison library does not."""
+
+    def __init__(self):
+        self._specs: Optional[Dict[str, ObjectiveSpec]] = None
+
+    def _load(self) -> Dict[str, ObjectiveSpec]:
+        if self._specs is None:
+            from ..tasks.registry import registered_objectives
+
+            self._specs = {
+                d.comparison_name: ObjectiveSpec(
+                    d.comparison_name,
+                    d.label,
+                    d.task,
+                    d.criterion,
+                    d.arch,
+                    d.args,
+                    d.texts_per_update_factor,
+                    d.representations,
+                    d.needs_generator,
+                    d.notes,
+                )
+                for d in registered_objectives()
+                # the plugin's own (fairseq-train runs them with --user-dir seed_fairseq), not a test's
+                if d.arch and _registered_module(d.task).startswith("seed_fairseq.")
+            }
+        return self._specs
+
+    def __getitem__(self, name: str) -> ObjectiveSpec:
+        return self._load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+class _Order(Sequence):
+    """``tuple(OBJECTIVES)``, read on first use like it."""
+
+    def __getitem__(self, i):
+        return tuple(OBJECTIVES)[i]
+
+    def __len__(self) -> int:
+        return len(OBJECTIVES)
+
+
+def _registered_module(task: str) -> str:
+    from fairseq.tasks import TASK_REGISTRY
+
+    return getattr(TASK_REGISTRY.get(task), "__module__", "")
+
+
+OBJECTIVES: Mapping[str, ObjectiveSpec] = _Registered()
+ORDER: Sequence[str] = _Order()
 BASELINE = "mlm"
 
 

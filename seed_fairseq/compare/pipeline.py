@@ -21,120 +21,49 @@ stop the running fairseq-train with its process group before the driver exits,
 and a killed driver's fairseq-train stops too (interrupt.py).
 """
 
-import fcntl
 import json
 import os
-import random
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from preprocess.stages import Runner, Stage
 
-from ..fileio import OutputError, check_output_dir, write_json_atomic
-from ..retrieval.training import FinetuneConfig
+from ..fileio import OutputError, write_json_atomic
+from ..retrieval.data import load_data
+from ..retrieval.metrics import write_trec_run
+from .evaluation import evaluate_run
+from .flops import count_update_flops
+from .heldout import count_blocks, more_valid_docs
 from .interrupt import run_child
-from .objectives import OBJECTIVES, PretrainSettings, common_args, eval_models, objective_args, per_update_args
-
-TOOL = "seed_fairseq.compare"
-RECORD = "compare.json"  # the tool's record in --out: the folder is its own
-STATE = ".stages"
-
-# What each stage writes in its folder (Stage.writes): a redone stage deletes exactly
-# these files, and a user's notes or subfolder beside them stay.
-FAIRSEQ_TRAIN_FILES = ("checkpoint*.pt", "train.log")  # fairseq-train's --save-dir, and its log
-RETRIEVAL_FILES = ("source.txt", "corpus.jsonl", "queries.jsonl", "qrels/*.tsv")  # data.write_beir
-BM25_RUN = "test.trec"
-EVAL_FILES = ("cls_similarity.json", "*.zeroshot.trec", "*.ft*.trec", "*.ft*.json")  # evaluation.py
-# import_from_hf, preprocess.build and export_to_hf keep a record of their files in the
-# folder and replace exactly those themselves
-OWN_RECORD = ()
-
-
-class StageError(Exception):
-    """A stage failed in a way the user can act on; ``str()`` is ``PATH: problem``."""
-
-    def __init__(self, path, problem: str, detail: str = ""):
-        self.path, self.problem, self.detail = str(path), problem, detail
-        super().__init__(f"{self.path}: {problem}")
-
-
-def log(msg: str) -> None:
-    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class Plan:
-    """Everything a run does, resolved from the flags and the preset."""
-
-    out: Path
-    objectives: List[str]
-    seeds: List[int]
-    corpus: Path
-    init: Optional[Path]
-    vocab_size: int
-    valid_docs: int  # held out first (heldout.py: the data stage adds more when they give too few blocks)
-    valid_blocks: int  # validation blocks every run needs (0: no validation)
-    max_valid_docs: int  # the most documents held out automatically
-    pretrain: PretrainSettings
-    generator_args: List[str]
-    generator_updates: int
-    retrieval_data: Optional[Path]
-    retrieval_docs: int
-    train_split: str
-    test_split: str
-    finetune: FinetuneConfig
-    fractions: List[float]
-    max_seq_length: int
-    k: int
-    resamples: int
-    cos_lengths: List[int]
-    cos_pairs: int
-    threads: int
-    command: str
-    preset: str
-    settings: Dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def device(self) -> str:
-        return "cuda" if self.pretrain.gpu else "cpu"
-
-
-# ---------------------------------------------------------------------------
-# --out: the tool's own folder
-# ---------------------------------------------------------------------------
-
-
-def is_own_record(path: Path) -> bool:
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(rec, dict) and rec.get("tool") == TOOL
-
-
-def claim_out(out: Path) -> None:
-    """Make ``out`` this tool's folder (new or empty: create the record; with the
-    record: an earlier run, resumed) or refuse with :class:`OutputError`."""
-    if check_output_dir(out, RECORD, "the comparison (examples/compare_objectives.py)", is_own=is_own_record):
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / RECORD, {"tool": TOOL, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
-
-
-def lock_out(out: Path) -> int:
-    """An exclusive lock on ``out``: two runs must not train into the same folders."""
-    fd = os.open(out / ".lock", os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OutputError(out, "another comparison is running in this folder") from None
-    return fd
-
+from .layout import (  # noqa: F401  (claim_out, lock_out, corpus_documents, eval_keys, ...: their 0.2 import path)
+    BM25_RUN,
+    EVAL_FILES,
+    FAIRSEQ_TRAIN_FILES,
+    OWN_RECORD,
+    RECORD,
+    RETRIEVAL_FILES,
+    STATE,
+    TOOL,
+    Layout,
+    Plan,
+    StageError,
+    claim_out,
+    corpus_documents,
+    eval_keys,
+    file_fingerprint,
+    is_own_record,
+    lock_out,
+    log,
+    run_name,
+    sample_documents,
+    write_retrieval_set,
+)
+from .objectives import OBJECTIVES, PretrainSettings, common_args, objective_args, per_update_args
+from .report import write_report
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -156,61 +85,16 @@ def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool
         raise StageError(log_file, f"{Path(cmd[0]).name} failed (exit {returncode}); see this log", tail)
 
 
-def file_fingerprint(path: Path) -> str:
-    """Content identity of a file (sha256), or of a folder (names, sizes and mtimes of its files)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    if path.is_file():
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            h.update(f"{p.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
-def corpus_documents(path: Path) -> List[List[str]]:
-    """Documents (lists of paragraphs) of a text in the project's format."""
-    text = path.read_text(encoding="utf-8")
-    return [[p.strip() for p in d.splitlines() if p.strip()] for d in text.split("\n\n") if d.strip()]
-
-
-def sample_documents(docs: List[List[str]], limit: int, seed: int) -> List[List[str]]:
-    """At most ``limit`` documents (0: all), a seeded choice kept in corpus order."""
-    if not limit or limit >= len(docs):
-        return docs
-    keep = set(random.Random(seed).sample(range(len(docs)), limit))
-    return [d for i, d in enumerate(docs) if i in keep]
-
-
-def write_retrieval_set(docs: List[List[str]], limit: int, folder: Path):
-    """The retrieval set derived from ``limit`` of the corpus ``docs`` (0: all) in ``folder``; its
-    ``DerivedSetStats``.  Also what the up-front check derives into a temporary folder (checks.py)."""
-    from ..retrieval.data import derive_retrieval_set
-
-    source = folder / "source.txt"
-    chosen = sample_documents(docs, limit, seed=1)
-    source.write_text("\n\n".join("\n".join(d) for d in chosen) + "\n", encoding="utf-8")
-    return derive_retrieval_set(source, folder, seed=1)
-
-
-def run_name(obj: str, seed: int) -> str:
-    return f"{obj}-s{seed}"
-
-
 # ---------------------------------------------------------------------------
 # the pipeline
 # ---------------------------------------------------------------------------
 
 
-class Comparison:
+class Comparison(Layout):
+    """The stages of one :class:`Plan` (``Layout``: where each writes)."""
+
     def __init__(self, plan: Plan):
-        self.plan = plan
-        self.out = plan.out
+        super().__init__(plan)
         self.env = dict(
             os.environ,
             OMP_NUM_THREADS=str(plan.threads),
@@ -222,27 +106,6 @@ class Comparison:
         # fairseq-train must import this checkout's plugin and preprocess package
         root = str(Path(__file__).resolve().parents[2])
         self.env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
-
-    # ---- paths ----
-    @property
-    def data_bin(self) -> Path:
-        return self.out / "data-bin"
-
-    @property
-    def retrieval_dir(self) -> Path:
-        return self.plan.retrieval_data or self.out / "retrieval"
-
-    def pretrain_dir(self, obj: str, seed: int) -> Path:
-        return self.out / "pretrain" / obj / f"s{seed}"
-
-    def hf_dir(self, obj: str, seed: int) -> Path:
-        return self.out / "hf" / obj / f"s{seed}"
-
-    def eval_dir(self, obj: str, seed: int) -> Path:
-        return self.out / "eval" / obj / f"s{seed}"
-
-    def generator_checkpoint(self) -> Path:
-        return self.out / "generator" / "checkpoint_last.pt"
 
     def init_args(self) -> List[str]:
         """With --init: the imported encoder's sizes, and the checkpoint to start from (once:
@@ -453,8 +316,6 @@ class Comparison:
         runner = self.runner()
         self.check_foreign(runner)
         results = runner.run()
-        from .report import write_report
-
         return write_report(self, results)
 
     # ---- stage bodies (each returns a JSON result with its wall time) ----
@@ -469,8 +330,6 @@ class Comparison:
         """The data, with a valid split of at least ``plan.valid_blocks`` blocks (heldout.py)."""
         from preprocess.build import build
         from preprocess.record import load_record
-
-        from .heldout import count_blocks, more_valid_docs
 
         p, t0 = self.plan, time.time()
         tps = p.pretrain.tokens_per_sample
@@ -507,8 +366,6 @@ class Comparison:
 
     def stage_bm25(self, results) -> dict:
         from ..retrieval.bm25 import BM25
-        from ..retrieval.data import load_data
-        from ..retrieval.metrics import write_trec_run
 
         t0 = time.time()
         test = load_data(self.retrieval_dir, self.plan.test_split)
@@ -524,8 +381,6 @@ class Comparison:
         return {"seconds": time.time() - t0}
 
     def stage_flops(self, results) -> dict:
-        from .flops import count_update_flops
-
         t0 = time.time()
         out = {}
         for o in self.plan.objectives:
@@ -558,15 +413,9 @@ class Comparison:
         return {"seconds": time.time() - t0}
 
     def stage_eval(self, obj: str, seed: int) -> dict:
-        from .evaluation import evaluate_run
-
         t0 = time.time()
         evaluate_run(self, obj, seed)
         return {"seconds": time.time() - t0}
 
 
 USER_DIR = str(Path(__file__).resolve().parents[1])
-
-
-def eval_keys(plan: Plan) -> List[str]:
-    return [m.key for m in eval_models(plan.objectives)]

@@ -9,6 +9,8 @@ diagnostics.png  the validation diagnostics over pre-training updates (mean over
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ..fileio import atomic_path
+
 PLOTS = ("metrics.png", "few_shot.png", "cls_cosine.png", "diagnostics.png")
 METRICS = ("MRR@10", "R@100", "nDCG@10")
 
@@ -23,8 +25,6 @@ def _plt():
 
 
 def _save(fig, path: Path) -> Path:
-    from ..fileio import atomic_path
-
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     _plt().close(fig)

@@ -10,7 +10,7 @@ standard  all objectives, 2 seeds, the Linux kernel and Python documentation
           paragraphs), the same 2 x 128 encoder, 800 updates of 32 blocks (about
           one pass over the corpus), vocabulary 4000: <= 3 h on 2 cores (a real run: 145 min).
 
-Measured times are in README.md ("Comparing the objectives", the presets table).
+Measured times are in docs/comparison.md (the presets table).
 """
 
 from pathlib import Path

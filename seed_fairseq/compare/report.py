@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..fileio import write_json_atomic, write_text_atomic
+from ..retrieval.data import load_data
+from ..retrieval.metrics import aggregate, evaluate, per_query, read_trec_run
 from . import plots
-from .evaluation import fraction_label
 from .flops import BATCHES
+from .layout import fraction_label, run_name
 from .logs import final_diagnostics, read_valid
 from .objectives import BASELINE, OBJECTIVES, eval_models
 from .stats import aggregate_seeds, fmt_mean_std, fmt_p, mean_std, paired_p
@@ -42,14 +44,10 @@ def machine() -> Dict[str, Any]:
 
 def per_query_runs(qrels, run_files: List[Path]) -> List[Dict[str, Dict[str, float]]]:
     """[{metric: {qid: value}} per seed] of TREC run files."""
-    from ..retrieval.metrics import per_query, read_trec_run
-
     return [per_query(qrels, read_trec_run(f), METRICS) for f in run_files]
 
 
 def seed_metrics(pq: List[Dict[str, Dict[str, float]]]) -> List[Dict[str, float]]:
-    from ..retrieval.metrics import aggregate
-
     return [aggregate(v) for v in pq]
 
 
@@ -68,10 +66,6 @@ def _flops(x: Optional[float]) -> str:
 
 def collect(comp, results: Mapping[str, Any]) -> Dict[str, Any]:
     """The numbers of the report (``results.json``)."""
-    from ..retrieval.data import load_data
-    from ..retrieval.metrics import evaluate, read_trec_run
-    from .pipeline import run_name
-
     p = comp.plan
     test = load_data(comp.retrieval_dir, p.test_split)
     qrels = test.qrels

@@ -44,7 +44,9 @@ from omegaconf import II
 from ..errors import ConfigurationError
 from ..modules.contrastive import data_parallel_group, dense_similarity, info_nce_sum
 from ..modules.js_divergence import pairwise_js
-from ..tasks.cpdae_pretrain import DUMMY_BATCH, has_negatives
+from ..tasks.bottleneck_pretrain import DUMMY_BATCH
+from ..tasks.cpdae_pretrain import has_negatives
+from ..vocabulary.dictionary import is_ordinary
 from .multi_term import MultiTermCriterion, Term
 from .vocab_loss import VocabLossConfig, VocabLossMixin
 
@@ -111,8 +113,8 @@ def check_two_texts_per_batch(batch_size: Optional[int], max_tokens: Optional[in
 def word_columns(dictionary) -> torch.Tensor:
     """Ids of the vocabulary entries that are words: every symbol but the specials
     (<s>=[CLS], <pad>, </s>, <unk>) and <mask>, which never belong to a text's bag."""
-    mask_idx = dictionary.index("<mask>")
-    return torch.tensor([i for i in range(dictionary.nspecial, len(dictionary)) if i != mask_idx], dtype=torch.long)
+    ids = torch.arange(len(dictionary))
+    return ids[is_ordinary(ids, dictionary.nspecial, dictionary.index("<mask>"))]
 
 
 def word_distributions(bow_logits: torch.Tensor) -> torch.Tensor:
@@ -129,39 +131,24 @@ def js_similarity(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("bow", "cl")
 
-    def __init__(
-        self,
-        task,
-        mlm_weight=1.0,
-        bow_weight=1.0,
-        contrastive_weight=0.1,
-        contrast="words",
-        bow_reduction="sum",
-        contrast_temperature=1.0,
-        batch_size=None,
-        max_tokens=None,
-        tokens_per_sample=None,
-        distributed_world_size=1,
-        vocab_loss="chunked",
-        vocab_loss_chunk_size=0,
-    ):
+    def __init__(self, cfg: CpdaePretrainCriterionConfig, task):
         for option, value in (
-            ("--mlm-weight", mlm_weight),
-            ("--bow-weight", bow_weight),
-            ("--contrastive-weight", contrastive_weight),
+            ("--mlm-weight", cfg.mlm_weight),
+            ("--bow-weight", cfg.bow_weight),
+            ("--contrastive-weight", cfg.contrastive_weight),
         ):
             if not value >= 0:
                 raise ValueError(f"{option} must be >= 0, got {value}")
-        if not contrast_temperature > 0:
-            raise ValueError(f"--contrast-temperature must be > 0, got {contrast_temperature}")
-        if contrastive_weight > 0 and (distributed_world_size or 1) <= 1:
-            check_two_texts_per_batch(batch_size, max_tokens, tokens_per_sample)
-        super().__init__(task, {"mlm": mlm_weight, "bow": bow_weight, "cl": contrastive_weight})
+        if not cfg.contrast_temperature > 0:
+            raise ValueError(f"--contrast-temperature must be > 0, got {cfg.contrast_temperature}")
+        if cfg.contrastive_weight > 0 and (cfg.distributed_world_size or 1) <= 1:
+            check_two_texts_per_batch(cfg.batch_size, cfg.max_tokens, cfg.tokens_per_sample)
+        super().__init__(task, {"mlm": cfg.mlm_weight, "bow": cfg.bow_weight, "cl": cfg.contrastive_weight})
         self._warned_single_text = False
-        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
-        self.contrast = str(contrast)
-        self.bow_reduction = str(bow_reduction)
-        self.temperature = float(contrast_temperature)
+        self.set_vocab_loss(cfg)
+        self.contrast = str(cfg.contrast)
+        self.bow_reduction = str(cfg.bow_reduction)
+        self.temperature = float(cfg.contrast_temperature)
         self.register_buffer("word_ids", word_columns(task.source_dictionary), persistent=False)
 
     def _warn_single_text(self) -> None:
@@ -183,8 +170,8 @@ class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
         pad = self.padding_idx
         targets = torch.cat([sample["target"], sample["target_2"]])
         masked = targets.ne(pad)
-        mlm_out, extra = model(**sample["net_input"], masked_tokens=masked, head_inputs=self.head_inputs)
-        terms = {"mlm": self.lm_head_term(model, mlm_out, targets[masked])}
+        mlm_features, extra = model(**sample["net_input"], masked_tokens=masked)
+        terms = {"mlm": self.vocabulary_term(mlm_features, model.mlm_projection(), targets[masked])}
 
         logits = extra["bow_logits"].float().index_select(1, self.word_ids)  # (2B, words)
         bag = self.bow_targets(sample["bow_tokens"]).repeat(2, 1)  # the same text behind both views

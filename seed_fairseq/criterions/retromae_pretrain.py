@@ -73,49 +73,33 @@ class RetroMAECriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("dec",)
     with_bow = False
 
-    def __init__(
-        self,
-        task,
-        mlm_weight=1.0,
-        decoder_weight=1.0,
-        bow_weight=0.0,
-        bow_pool_all_positions=False,
-        vocab_loss="chunked",
-        vocab_loss_chunk_size=0,
-    ):
-        weights = {"mlm": mlm_weight, "dec": decoder_weight}
-        if self.with_bow:
-            weights["bow"] = bow_weight
-        super().__init__(task, weights)
-        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
-        self.bow_pool_all_positions = bow_pool_all_positions
+    def __init__(self, cfg: RetroMAECriterionConfig, task):
+        super().__init__(task, self.term_weights(cfg))
+        self.set_vocab_loss(cfg)
 
-    def bow_positions(self, sample) -> torch.Tensor:
-        """(batch, T) bool: the positions DupMAE max-pools over."""
-        dec_tokens = sample["net_input"]["dec_tokens"]
-        if self.bow_pool_all_positions:
-            pool = dec_tokens.ne(self.padding_idx)
-        else:
-            pool = self.task.ordinary(dec_tokens) & sample["target"].eq(self.padding_idx)
-        pool[:, 0] = False
-        return pool
+    @staticmethod
+    def term_weights(cfg) -> Dict[str, float]:
+        return {"mlm": cfg.mlm_weight, "dec": cfg.decoder_weight}
+
+    def bow_positions(self, sample) -> None:
+        """(batch, T) bool: the positions DupMAE max-pools over; None: no bag of words."""
+        return None
 
     def compute_terms(self, model, sample) -> Dict[str, Term]:
-        pad = self.padding_idx
-        masked_tokens = sample["target"].ne(pad)
+        masked_tokens = sample["target"].ne(self.padding_idx)
         dec_tokens = sample["net_input"]["dec_tokens"]
         dec_positions = self.task.ordinary(dec_tokens)
         dec_positions[:, 0] = False
-        mlm_out, extra = model(
+        mlm_features, extra = model(
             **sample["net_input"],
             masked_tokens=masked_tokens,
             dec_positions=dec_positions,
-            bow_positions=self.bow_positions(sample) if self.with_bow else None,
-            head_inputs=self.head_inputs,
+            bow_positions=self.bow_positions(sample),
         )
+        decoder_features = extra["decoder_features"]
         terms = {
-            "mlm": self.lm_head_term(model, mlm_out, sample["target"][masked_tokens]),
-            "dec": self.lm_head_term(model, extra["decoder_out"], dec_tokens[dec_positions]),
+            "mlm": self.vocabulary_term(mlm_features, model.mlm_projection(), sample["target"][masked_tokens]),
+            "dec": self.vocabulary_term(decoder_features, model.decoder_projection(), dec_tokens[dec_positions]),
         }
         if self.with_bow:
             bag, length = self.task.bag_of_words(dec_tokens)
@@ -127,21 +111,24 @@ class RetroMAECriterion(VocabLossMixin, MultiTermCriterion):
 class DupMAECriterion(RetroMAECriterion):
     with_bow = True
 
-    def __init__(
-        self,
-        task,
-        mlm_weight=1.0,
-        decoder_weight=1.0,
-        bow_weight=1.0,
-        bow_pool_all_positions=False,
-        vocab_loss="chunked",
-        vocab_loss_chunk_size=0,
-    ):
+    def __init__(self, cfg: DupMAECriterionConfig, task):
         if not getattr(task, "with_bow", False):
             raise ValueError(
                 f"--criterion dupmae_pretrain needs --task dupmae_pretrain (got {type(task).__name__}): "
                 "the bag-of-words targets come from the task"
             )
-        super().__init__(
-            task, mlm_weight, decoder_weight, bow_weight, bow_pool_all_positions, vocab_loss, vocab_loss_chunk_size
-        )
+        super().__init__(cfg, task)
+        self.bow_pool_all_positions = cfg.bow_pool_all_positions
+
+    @staticmethod
+    def term_weights(cfg) -> Dict[str, float]:
+        return {**RetroMAECriterion.term_weights(cfg), "bow": cfg.bow_weight}
+
+    def bow_positions(self, sample) -> torch.Tensor:
+        dec_tokens = sample["net_input"]["dec_tokens"]
+        if self.bow_pool_all_positions:
+            pool = dec_tokens.ne(self.padding_idx)
+        else:
+            pool = self.task.ordinary(dec_tokens) & sample["target"].eq(self.padding_idx)
+        pool[:, 0] = False
+        return pool

@@ -9,8 +9,8 @@ count of its tokens in the update.
 
 Both vocabulary predictions go through ``--vocab-loss`` (``vocab_loss.py``): by
 default the fused chunked linear cross-entropy, which never materialises the
-decoder's ``batch x length x vocabulary`` logits; ``--vocab-loss plain`` is the
-earlier code path (the model's logits, then ``F.cross_entropy``).
+decoder's ``batch x length x vocabulary`` logits; ``--vocab-loss plain`` computes
+the full logits, then ``F.cross_entropy`` (the reference).
 """
 
 from dataclasses import dataclass, field
@@ -19,7 +19,7 @@ from typing import Dict
 from fairseq.criterions import register_criterion
 
 from .multi_term import MultiTermCriterion, Term
-from .vocab_loss import VocabLossConfig, VocabLossMixin, token_nll, vocab_term
+from .vocab_loss import VocabLossConfig, VocabLossMixin, token_nll  # noqa: F401  (token_nll: its old home)
 
 
 @dataclass
@@ -42,28 +42,16 @@ class SeedPretrainCriterionConfig(VocabLossConfig):
 class SeedPretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("dec",)
 
-    def __init__(self, task, mlm_weight=0.5, decoder_weight=0.5, vocab_loss="chunked", vocab_loss_chunk_size=0):
-        super().__init__(task, {"mlm": mlm_weight, "dec": decoder_weight})
-        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
+    def __init__(self, cfg: SeedPretrainCriterionConfig, task):
+        super().__init__(task, {"mlm": cfg.mlm_weight, "dec": cfg.decoder_weight})
+        self.set_vocab_loss(cfg)
 
     def compute_terms(self, model, sample) -> Dict[str, Term]:
-        if not self.head_inputs:
-            return self._plain_terms(model, sample)
-        pad = self.padding_idx
-        masked_tokens = sample["target"].ne(pad)
-        mlm_hidden, extra = model(**sample["net_input"], masked_tokens=masked_tokens, head_inputs=True)
-        terms = {"mlm": self.lm_head_term(model, mlm_hidden, sample["target"][masked_tokens])}
-        options = dict(implementation=self.vocab_loss, chunk_size=self.vocab_loss_chunk_size)
-        if extra.get("decoder_features") is not None:  # None: the MLM-only baseline
-            projection = model.weak_decoder.output_projection.weight  # tied to the token embeddings, no bias
-            terms["dec"] = vocab_term(extra["decoder_features"], projection, sample["dec_target"], pad, **options)
-        return terms
-
-    def _plain_terms(self, model, sample) -> Dict[str, Term]:
-        pad = self.padding_idx
-        masked_tokens = sample["target"].ne(pad)
-        mlm_logits, extra = model(**sample["net_input"], masked_tokens=masked_tokens)
-        terms = {"mlm": token_nll(mlm_logits, sample["target"][masked_tokens], pad)}
-        if extra.get("decoder_out") is not None:  # None: the MLM-only baseline
-            terms["dec"] = token_nll(extra["decoder_out"], sample["dec_target"], pad)
+        masked_tokens = sample["target"].ne(self.padding_idx)
+        mlm_features, extra = model(**sample["net_input"], masked_tokens=masked_tokens)
+        terms = {"mlm": self.vocabulary_term(mlm_features, model.mlm_projection(), sample["target"][masked_tokens])}
+        if extra["decoder_features"] is not None:  # None: the MLM-only baseline
+            terms["dec"] = self.vocabulary_term(
+                extra["decoder_features"], model.decoder_projection(), sample["dec_target"]
+            )
         return terms

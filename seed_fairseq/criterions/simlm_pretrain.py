@@ -41,9 +41,9 @@ class SimLMPretrainCriterionConfig(VocabLossConfig):
 class SimLMPretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("dec",)
 
-    def __init__(self, task, encoder_weight=1.0, decoder_weight=1.0, vocab_loss="chunked", vocab_loss_chunk_size=0):
-        super().__init__(task, {"enc": encoder_weight, "dec": decoder_weight})
-        self.set_vocab_loss(vocab_loss, vocab_loss_chunk_size)
+    def __init__(self, cfg: SimLMPretrainCriterionConfig, task):
+        super().__init__(task, {"enc": cfg.encoder_weight, "dec": cfg.decoder_weight})
+        self.set_vocab_loss(cfg)
         self._replaced = {}
 
     def compute_terms(self, model, sample) -> Dict[str, Term]:
@@ -52,11 +52,11 @@ class SimLMPretrainCriterion(VocabLossMixin, MultiTermCriterion):
         predicted = target.ne(pad)
         dtype = next(model.parameters()).dtype  # the generator runs in the model's precision
         enc_in, dec_in = self.task.replaced_inputs(sample, dtype)
-        enc_out, extra = model(enc_in, dec_tokens=dec_in, masked_tokens=predicted, head_inputs=self.head_inputs)
+        enc_features, extra = model(enc_in, dec_tokens=dec_in, masked_tokens=predicted)
         gold = target[predicted]
-        terms = {"enc": self.lm_head_term(model, enc_out, gold)}
-        if extra.get("decoder_out") is not None:  # None: no decoder (--decoder-layers 0)
-            terms["dec"] = self.lm_head_term(model, extra["decoder_out"], gold)
+        terms = {"enc": self.vocabulary_term(enc_features, model.mlm_projection(), gold)}
+        if extra["decoder_features"] is not None:  # None: no decoder (--decoder-layers 0)
+            terms["dec"] = self.vocabulary_term(extra["decoder_features"], model.decoder_projection(), gold)
         self._replaced = {
             "enc_replaced_sum": int((enc_in.ne(target) & predicted).sum()),
             "dec_replaced_sum": int((dec_in.ne(target) & predicted).sum()),

@@ -13,8 +13,11 @@ A criterion config that subclasses :class:`VocabLossConfig` gets
   ``cut-cross-entropy`` when installed (never required);
 * ``--vocab-loss-chunk-size N``: positions per chunk (0: about 2**24 logits per chunk).
 
-and calls :func:`vocab_term` with the features before a vocabulary projection
-and that projection's weight (and bias).
+and, through :class:`VocabLossMixin`, turns a model's features and a vocabulary
+projection into a :class:`~.multi_term.Term`.  The models never see the option:
+they return the features before their projections (``pretraining_forward``) and
+expose the projections (``mlm_projection()``, ``decoder_projection()``); this
+module alone decides how the two become a loss.
 """
 
 from dataclasses import dataclass, field
@@ -24,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..modules.linear_cross_entropy import IMPLEMENTATIONS, linear_cross_entropy
+from ..modules.linear_cross_entropy import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, linear_cross_entropy
 from .multi_term import Term
 
 VOCAB_LOSS_CHOICES = ChoiceEnum(list(IMPLEMENTATIONS))
@@ -33,7 +36,7 @@ VOCAB_LOSS_CHOICES = ChoiceEnum(list(IMPLEMENTATIONS))
 @dataclass
 class VocabLossConfig(FairseqDataclass):
     vocab_loss: VOCAB_LOSS_CHOICES = field(
-        default="chunked",
+        default=DEFAULT_IMPLEMENTATION,
         metadata={
             "help": "how cross-entropy over the vocabulary is computed: chunked (no full logits, gradients computed "
             "chunk by chunk in forward; the default), recompute (logits recomputed in backward: least memory, one "
@@ -65,7 +68,7 @@ def vocab_term(
     target: torch.Tensor,
     pad: int,
     bias: Optional[torch.Tensor] = None,
-    implementation: str = "chunked",
+    implementation: str = DEFAULT_IMPLEMENTATION,
     chunk_size: int = 0,
 ) -> Term:
     """The summed NLL (fp32) and correct count of predicting ``target`` (``pad`` ignored)
@@ -92,31 +95,32 @@ def token_nll(logits: torch.Tensor, target: torch.Tensor, pad: int) -> Term:
 
 
 class VocabLossMixin:
-    """For a criterion whose config subclasses :class:`VocabLossConfig` and whose model
-    predicts through RoBERTa's LM head (``BottleneckEncoderModel.lm_head``): call
-    ``set_vocab_loss`` in ``__init__``, pass ``head_inputs=self.head_inputs`` to the
-    model, and turn each of its outputs into a term with ``lm_head_term``."""
+    """For a criterion whose config subclasses :class:`VocabLossConfig`: call
+    ``set_vocab_loss(cfg)`` in ``__init__`` and turn each vocabulary prediction of the
+    model into a term with ``vocabulary_term(features, projection, target)``, e.g.
+    ``vocabulary_term(mlm_features, model.mlm_projection(), gold)``."""
 
-    vocab_loss = "chunked"
-    vocab_loss_chunk_size = 0
-
-    def set_vocab_loss(self, vocab_loss: str, vocab_loss_chunk_size: int) -> None:
-        check_vocab_loss(vocab_loss, vocab_loss_chunk_size)
-        self.vocab_loss = str(vocab_loss)
-        self.vocab_loss_chunk_size = vocab_loss_chunk_size
+    def set_vocab_loss(self, cfg: VocabLossConfig) -> None:
+        check_vocab_loss(cfg.vocab_loss, cfg.vocab_loss_chunk_size)
+        self.vocab_loss = str(cfg.vocab_loss)
+        self.vocab_loss_chunk_size = int(cfg.vocab_loss_chunk_size)
 
     @property
-    def head_inputs(self) -> bool:
-        """Whether the model should return the LM head's inputs (fused loss) instead of its logits."""
+    def fused(self) -> bool:
+        """Whether the loss is fused with the projection (no full logits): every option but ``plain``."""
         return self.vocab_loss != "plain"
 
-    def lm_head_term(self, model, out: torch.Tensor, target: torch.Tensor) -> Term:
-        """The term of ``target`` from ``out``: the model's output for ``head_inputs=self.head_inputs``."""
-        if not self.head_inputs:
-            return token_nll(out, target, self.padding_idx)
-        weight, bias = model.mlm_projection()
+    head_inputs = fused  # its earlier name (when the models were told which to return)
+
+    def vocabulary_term(self, features: torch.Tensor, projection, target: torch.Tensor) -> Term:
+        """The term of predicting ``target`` (pads ignored) from ``features`` through
+        ``projection = (weight, bias or None)``, computed as ``--vocab-loss`` says."""
+        weight, bias = projection
+        if not self.fused:  # the full logits, exactly as RoBERTa's LM head / a fairseq decoder computes them
+            logits = F.linear(features, weight)
+            return token_nll(logits + bias if bias is not None else logits, target, self.padding_idx)
         return vocab_term(
-            out,
+            features,
             weight,
             target,
             self.padding_idx,

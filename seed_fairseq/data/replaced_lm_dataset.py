@@ -36,16 +36,15 @@ import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset, Dictionary
 
+from ..vocabulary.dictionary import is_ordinary
+
 NOISE_BITS = 24
 FIELDS = ("enc", "dec", "target", "enc_noise", "dec_noise")
 
 
 def special_ids(vocab: Dictionary, mask_idx: int) -> np.ndarray:
     """Boolean over the dictionary: never masked, never predicted, never sampled."""
-    special = np.zeros(len(vocab), dtype=bool)
-    special[: vocab.nspecial] = True
-    special[mask_idx] = True
-    return special
+    return ~is_ordinary(np.arange(len(vocab)), vocab.nspecial, mask_idx)
 
 
 def unit_ids(tokens: np.ndarray, special: np.ndarray, word_starts: Optional[np.ndarray]) -> np.ndarray:

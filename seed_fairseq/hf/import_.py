@@ -30,9 +30,8 @@ import torch
 from ..fileio import (
     OutputError,
     owned_output,
-    staged_output,
+    staged_dir,
     write_json_atomic,
-    write_output_record,
     write_text_atomic,
 )
 from ..vocabulary.tokenizer import RECORD as VOCAB_RECORD
@@ -332,7 +331,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
 
     # OUT keeps what its record does not list (a user's notes); see fileio.staged_output
     try:
-        with staged_output(out, IMPORT_RECORD, TOOL, replace=force) as staging:
+        with staged_dir(out, IMPORT_RECORD, TOOL, replace=force) as (staging, record):
             write_dict(vocab, staging / "dict.txt")
             write_json_atomic(staging / VOCAB_RECORD, vocab.record())
             tok.save_pretrained(str(staging / TOKENIZER_DIR))
@@ -375,9 +374,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
                 raise HFImportError(f"{hf_dir}: the written checkpoint differs from HF: max abs diff {diff:.3g}")
             write_text_atomic(staging / MODEL_ARGS, shlex.join(args) + "\n")
             logger.info(f"fairseq vs HF on {len(CHECK_STRINGS)} strings: max abs diff {diff:.2e}")
-            write_output_record(
-                staging,
-                IMPORT_RECORD,
+            record.update(
                 {
                     "tool": "seed_fairseq.hf.import_",
                     "model": str(hf_dir.resolve()),

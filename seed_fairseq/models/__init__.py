@@ -1,6 +1,3 @@
-from .. import plugin  # noqa: F401  (registration first: see seed_fairseq/__init__.py)
-
-# isort: split
 from typing import Optional, Type
 
 from .bottleneck import BottleneckEncoderModel  # noqa: F401

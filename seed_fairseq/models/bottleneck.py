@@ -10,15 +10,35 @@ Each model class DECLARES what is pre-training-only:
 
 * ``pretraining_only_prefixes`` -- state-dict prefixes (``weak_decoder.`` for
   SEED); ``seed-drop-heads`` and the HuggingFace export drop exactly these;
-* ``pretraining_only_config_prefixes`` -- model config keys that go with them.
+* ``pretraining_only_config_prefixes`` -- model config keys that go with them;
+* ``pretraining_inputs`` -- the ``net_input`` entries only pre-training passes.
+
+and fills in three template methods of :class:`BottleneckEncoderModel`:
+
+* ``prepare_args(args)`` -- its architecture defaults and option checks, run by
+  ``build_model`` (which does fairseq's OmegaConf struct handling once);
+* ``pretraining_forward(src_tokens, masked_tokens=None, return_all_hiddens=False,
+  **inputs) -> (mlm_features, extra)`` -- what ``forward`` runs when any of
+  ``pretraining_inputs`` is given (otherwise ``forward`` is RoBERTa's own).  A model
+  returns FEATURES, never vocabulary logits: ``mlm_features`` is what the MLM head's
+  vocabulary projection takes (``mlm_hidden(features, masked_tokens)``); a decoder
+  side predicting the vocabulary puts what ITS projection takes in
+  ``extra["decoder_features"]`` (None when the model has no decoder).  The
+  projections are ``mlm_projection()`` and ``decoder_projection()``, each
+  ``(weight, bias or None)``; the criterion alone decides how to turn features and
+  projection into a loss (``criterions/vocab_loss.py``: the full logits, or a fused
+  linear cross-entropy that never materialises them);
+* ``add_args(parser)`` -- an override must call the base's (checked when the class
+  is created: every option of the base must be on the subclass's parser).
 
 Module names must not start with ``decoder``: RoBERTa's
 ``upgrade_state_dict_named`` renames every key starting with ``decoder`` (an
 old RoBERTa naming) and would silently corrupt the checkpoint.
 """
 
+import argparse
 import logging
-from typing import Dict, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import torch
 from fairseq.models.roberta import RobertaModel
@@ -57,11 +77,23 @@ def check_positions(args, task) -> None:
     )
 
 
+def option_strings(add_args) -> FrozenSet[str]:
+    """Every option string ``add_args`` puts on a fresh parser."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_args(parser)
+    return frozenset(s for action in parser._actions for s in action.option_strings)
+
+
+Projection = Tuple[torch.Tensor, Optional[torch.Tensor]]
+
+
 class BottleneckEncoderModel(RobertaModel):
     """RoBERTa encoder + MLM head, plus modules used only in pre-training."""
 
     pretraining_only_prefixes: Tuple[str, ...] = ()
     pretraining_only_config_prefixes: Tuple[str, ...] = ()
+    # given any of these (not None), forward is pretraining_forward
+    pretraining_inputs: Tuple[str, ...] = ()
 
     @staticmethod
     def add_args(parser) -> None:
@@ -76,8 +108,20 @@ class BottleneckEncoderModel(RobertaModel):
         )
 
     @classmethod
+    def prepare_args(cls, args) -> None:
+        """Fill in the model's architecture defaults and check its options (``args`` is writable)."""
+
+    @classmethod
     def build_model(cls, args, task) -> "BottleneckEncoderModel":
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, False)
+        cls.prepare_args(args)
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, True)
         check_positions(args, task)
+        # RobertaModel.build_model builds the encoder; the subclass's __init__ adds its modules.
         return super().build_model(args, task)
 
     def __init__(self, args, encoder):
@@ -98,6 +142,38 @@ class BottleneckEncoderModel(RobertaModel):
                     f"{cls.__name__}: pre-training-only prefix {prefix!r} must end with '.' and "
                     "must not start with 'decoder' (RoBERTa's upgrade code renames such keys)"
                 )
+        if "add_args" in cls.__dict__:
+            # fairseq calls only the model's own add_args: one that skips its base's
+            # rejects the base's options (--encoder-layer-norm-eps of an imported model)
+            missing = option_strings(super(cls, cls).add_args) - option_strings(cls.add_args)
+            if missing:
+                raise TypeError(f"{cls.__name__}.add_args must call its base's add_args: it lacks {sorted(missing)}")
+
+    def forward(
+        self,
+        src_tokens,
+        features_only=False,
+        return_all_hiddens=False,
+        classification_head_name=None,
+        **kwargs,
+    ) -> Tuple[torch.Tensor, dict]:
+        """RoBERTa's forward, or, given any of ``pretraining_inputs``, ``pretraining_forward``."""
+        inputs = {name: kwargs.pop(name) for name in self.pretraining_inputs if name in kwargs}
+        if all(value is None for value in inputs.values()):
+            return super().forward(src_tokens, features_only, return_all_hiddens, classification_head_name, **kwargs)
+        if features_only or classification_head_name is not None:
+            raise ValueError(
+                f"{type(self).__name__}: features_only / classification_head_name are RoBERTa's forward's; "
+                f"not with the pre-training inputs {sorted(inputs)}"
+            )
+        return self.pretraining_forward(src_tokens, return_all_hiddens=return_all_hiddens, **inputs, **kwargs)
+
+    def pretraining_forward(
+        self, src_tokens, masked_tokens=None, return_all_hiddens=False, **inputs
+    ) -> Tuple[torch.Tensor, dict]:
+        """``(mlm_features, extra)``: the MLM head's features before its vocabulary projection
+        at ``masked_tokens`` (every position when None) and the objective's outputs."""
+        raise NotImplementedError(f"{type(self).__name__} declares no pre-training forward")
 
     @staticmethod
     def cls_vector(features: torch.Tensor) -> torch.Tensor:
@@ -114,24 +190,22 @@ class BottleneckEncoderModel(RobertaModel):
     def mlm_hidden(self, features, masked_tokens=None) -> torch.Tensor:
         """RoBERTa's LM head up to its vocabulary projection (dense, activation, LayerNorm).
 
-        ``F.linear(mlm_hidden(f, m), *mlm_projection()) == mlm_logits(f, m)``: a fused
-        loss (``modules/linear_cross_entropy.py``) takes these two instead of the logits.
+        ``F.linear(mlm_hidden(f, m), weight) + bias == mlm_logits(f, m)`` with
+        ``weight, bias = mlm_projection()``.
         """
         head = self.encoder.lm_head
         if masked_tokens is not None:
             features = features[masked_tokens, :]
         return head.layer_norm(head.activation_fn(head.dense(features)))
 
-    def lm_head(self, features, masked_tokens=None, head_inputs=False) -> torch.Tensor:
-        """The LM head's logits, or with ``head_inputs`` what its vocabulary projection takes
-        (``mlm_hidden``), for a criterion's fused loss (``criterions/vocab_loss.py``)."""
-        if head_inputs:
-            return self.mlm_hidden(features, masked_tokens=masked_tokens)
-        return self.mlm_logits(features, masked_tokens=masked_tokens)
-
-    def mlm_projection(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def mlm_projection(self) -> Projection:
         """(weight, bias) of the LM head's vocabulary projection (the weight is tied to the token embeddings)."""
         return self.encoder.lm_head.weight, self.encoder.lm_head.bias
+
+    def decoder_projection(self) -> Projection:
+        """(weight, bias or None) of the vocabulary projection ``extra["decoder_features"]`` goes
+        through; a decoder that predicts through the MLM head (the default) shares ``mlm_projection()``."""
+        return self.mlm_projection()
 
     def pretraining_only_modules(self) -> Dict[str, torch.nn.Module]:
         """name -> module for every declared pre-training-only prefix that exists."""

@@ -23,40 +23,19 @@ class CpdaeModel(BottleneckEncoderModel):
     """RoBERTa encoder + MLM head, plus the bag-of-words MLP decoder used only in pre-training."""
 
     pretraining_only_prefixes = ("bow_decoder.",)
+    pretraining_inputs = ("src_tokens_2",)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # applies BERT init to the encoder
         self.bow_decoder = BowMLPDecoder(args.encoder_embed_dim, len(encoder.dictionary))
 
-    def forward(
-        self,
-        src_tokens,
-        src_tokens_2=None,
-        features_only=False,
-        return_all_hiddens=False,
-        classification_head_name=None,
-        masked_tokens=None,
-        head_inputs=False,
-        **kwargs,
+    def pretraining_forward(
+        self, src_tokens, masked_tokens=None, return_all_hiddens=False, src_tokens_2=None, **unused
     ) -> Tuple[torch.Tensor, dict]:
-        """Without ``src_tokens_2`` this is exactly RoBERTa's forward.
-
-        With it (pre-training) both views go through the encoder as ONE batch
-        ``[view 1; view 2]`` (one forward, so DDP sees one forward per backward)
-        and it returns ``(mlm_logits, extra)`` with ``extra["cls"]`` the
-        ``(2B, dim)`` [CLS] vectors and ``extra["bow_logits"]`` the decoder's
-        ``(2B, |V|)`` logits; ``masked_tokens`` is over the ``(2B, T)`` batch.
-        ``head_inputs=True``: the MLM head's inputs (``mlm_hidden``) instead of its logits.
-        """
-        if src_tokens_2 is None:
-            return super().forward(
-                src_tokens,
-                features_only,
-                return_all_hiddens,
-                classification_head_name,
-                masked_tokens=masked_tokens,
-                **kwargs,
-            )
+        """Both views go through the encoder as ONE batch ``[view 1; view 2]`` (one forward,
+        so DDP sees one forward per backward); ``masked_tokens`` is over that ``(2B, T)``
+        batch.  ``extra["cls"]``: the ``(2B, dim)`` [CLS] vectors; ``extra["bow_logits"]``:
+        the bag-of-words decoder's ``(2B, |V|)`` logits."""
         if src_tokens_2.shape != src_tokens.shape:
             raise ValueError(
                 f"the two views must have the same shape, got {tuple(src_tokens.shape)} and {tuple(src_tokens_2.shape)}"
@@ -64,9 +43,7 @@ class CpdaeModel(BottleneckEncoderModel):
         features, extra = self.encode(torch.cat([src_tokens, src_tokens_2]), return_all_hiddens=return_all_hiddens)
         extra["cls"] = self.cls_vector(features)
         extra["bow_logits"] = self.bow_decoder(extra["cls"])
-        if features_only:
-            return features, extra
-        return self.lm_head(features, masked_tokens, head_inputs), extra
+        return self.mlm_hidden(features, masked_tokens), extra
 
 
 @register_model_architecture("cpdae", "cpdae")

@@ -16,13 +16,12 @@ from typing import Tuple
 
 import torch
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.roberta import RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
+from ..dupmae.pooling import vocab_max_pool
 from ..modules.enhanced_decoder import EnhancedDecoderLayer
-from ..modules.vocab_pool import vocab_max_pool
 from .bottleneck import BottleneckEncoderModel, tiny_encoder
 
 logger = logging.getLogger(__name__)
@@ -34,10 +33,11 @@ class RetroMAEModel(BottleneckEncoderModel):
 
     pretraining_only_prefixes = ("enhanced_decoder.",)
     pretraining_only_config_prefixes = ("decoder_",)
+    pretraining_inputs = ("dec_tokens", "dec_hidden")
 
     @staticmethod
     def add_args(parser) -> None:
-        RobertaModel.add_args(parser)
+        BottleneckEncoderModel.add_args(parser)
         parser.add_argument(
             "--decoder-attention-heads", type=int, metavar="H", help="enhanced decoder heads (default: the encoder's)"
         )
@@ -52,15 +52,8 @@ class RetroMAEModel(BottleneckEncoderModel):
         )
 
     @classmethod
-    def build_model(cls, args, task) -> "RetroMAEModel":
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, False)
+    def prepare_args(cls, args) -> None:
         base_architecture(args)
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, True)
-        return super().build_model(args, task)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # applies BERT init to the encoder
@@ -101,52 +94,32 @@ class RetroMAEModel(BottleneckEncoderModel):
     def vocabulary_pool(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """DupMAE's max-pooled vocabulary vector (batch, vocab) over ``positions`` (Eq. 6-7),
         through the encoder's MLM head (dense, activation, LayerNorm, tied projection)."""
-        head = self.encoder.lm_head
-        hidden = head.layer_norm(head.activation_fn(head.dense(features)))
-        mu, _ = vocab_max_pool(hidden, head.weight, head.bias, positions)
+        mu, _ = vocab_max_pool(self.mlm_hidden(features), *self.mlm_projection(), positions)
         return mu
 
-    def forward(
+    def pretraining_forward(
         self,
         src_tokens,
+        masked_tokens=None,
+        return_all_hiddens=False,
         dec_tokens=None,
         dec_hidden=None,
-        features_only=False,
-        return_all_hiddens=False,
-        classification_head_name=None,
-        masked_tokens=None,
         dec_positions=None,
         bow_positions=None,
-        head_inputs=False,
-        **kwargs,
+        **unused,
     ) -> Tuple[torch.Tensor, dict]:
-        """Without ``dec_tokens`` this is exactly RoBERTa's forward.
-
-        With them (pre-training) it returns ``(mlm_logits, extra)``:
-        ``extra["decoder_out"]`` the enhanced decoder's logits at ``dec_positions``
-        (n, vocab), or at every position (batch, T, vocab) without them;
+        """``(mlm_features, extra)``: ``extra["decoder_features"]`` the enhanced decoder's
+        MLM-head features at ``dec_positions`` (n, dim), or at every position (batch, T, dim)
+        without them (projection: ``decoder_projection()``, the MLM head's);
         ``extra["bow_logits"]`` the pooled vocabulary vector over ``bow_positions``
-        (batch, vocab), or None.  ``head_inputs=True``: the MLM head's inputs
-        (``mlm_hidden``) instead of its logits, for both the encoder and the decoder.
-        """
-        if dec_tokens is None:
-            return super().forward(
-                src_tokens,
-                features_only,
-                return_all_hiddens,
-                classification_head_name,
-                masked_tokens=masked_tokens,
-                **kwargs,
-            )
-        if dec_hidden is None:
-            raise ValueError("dec_tokens given without dec_hidden (the decoder's attention masks)")
+        (batch, vocab), or None."""
+        if dec_tokens is None or dec_hidden is None:
+            raise ValueError("the enhanced decoder needs both dec_tokens and dec_hidden (its attention masks)")
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
         decoded = self.decode(self.cls_vector(features), dec_tokens, dec_hidden)
-        extra["decoder_out"] = self.lm_head(decoded, dec_positions, head_inputs)
+        extra["decoder_features"] = self.mlm_hidden(decoded, dec_positions)
         extra["bow_logits"] = self.vocabulary_pool(features, bow_positions) if bow_positions is not None else None
-        if features_only:
-            return features, extra
-        return self.lm_head(features, masked_tokens, head_inputs), extra
+        return self.mlm_hidden(features, masked_tokens), extra
 
 
 # ---------------------------------------------------------------------------

@@ -39,6 +39,7 @@ class SeedEncoderModel(BottleneckEncoderModel):
 
     pretraining_only_prefixes = ("weak_decoder.",)
     pretraining_only_config_prefixes = ("decoder_",)
+    pretraining_inputs = ("prev_output_tokens",)
 
     @staticmethod
     def add_args(parser) -> None:
@@ -83,19 +84,11 @@ class SeedEncoderModel(BottleneckEncoderModel):
         )
 
     @classmethod
-    def build_model(cls, args, task) -> "SeedEncoderModel":
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, False)
+    def prepare_args(cls, args) -> None:
         base_architecture(args)
         args.decoder_attention_window = parse_window(args.decoder_attention_window)
         if args.decoder_layers < 0:
             raise ValueError(f"--decoder-layers must be >= 0, got {args.decoder_layers}")
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, True)
-        # RobertaModel.build_model builds the encoder; __init__ adds the decoder.
-        return super().build_model(args, task)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # applies BERT init to the encoder
@@ -137,54 +130,23 @@ class SeedEncoderModel(BottleneckEncoderModel):
         decoder.embed_positions.apply(init_bert_params)
         return decoder
 
-    def forward(
-        self,
-        src_tokens,
-        prev_output_tokens=None,
-        features_only=False,
-        return_all_hiddens=False,
-        classification_head_name=None,
-        masked_tokens=None,
-        head_inputs=False,
-        **kwargs,
+    def pretraining_forward(
+        self, src_tokens, masked_tokens=None, return_all_hiddens=False, prev_output_tokens=None, **unused
     ) -> Tuple["torch.Tensor", dict]:
-        """Without ``prev_output_tokens`` this is exactly RoBERTa's forward.
-
-        With them (pre-training) it returns ``(mlm_logits, extra)`` where
-        ``extra["decoder_out"]`` holds the weak decoder's logits
-        ``(batch, tgt_len, vocab)``.
-
-        ``head_inputs=True`` returns what the vocabulary projections take instead
-        of their logits, for a fused loss: ``(mlm_hidden(features, masked_tokens),
-        extra)`` with ``extra["decoder_features"]`` the decoder's last features
-        ``(batch, tgt_len, dim)`` (None without a decoder); the projections are
-        ``mlm_projection()`` and ``weak_decoder.output_projection``.
-        """
-        if head_inputs:
-            features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
-            extra["decoder_features"] = None
-            if prev_output_tokens is not None and self.weak_decoder is not None:
-                extra["decoder_features"], _ = self.weak_decoder(
-                    prev_output_tokens, encoder_out=cls_memory(features), features_only=True
-                )
-            return self.mlm_hidden(features, masked_tokens=masked_tokens), extra
-        if prev_output_tokens is None or self.weak_decoder is None:
-            x, extra = super().forward(
-                src_tokens,
-                features_only,
-                return_all_hiddens,
-                classification_head_name,
-                masked_tokens=masked_tokens,
-                **kwargs,
-            )
-            if prev_output_tokens is not None:
-                extra["decoder_out"] = None
-            return x, extra
+        """``(mlm_features, extra)`` with ``extra["decoder_features"]`` the weak decoder's last
+        features ``(batch, tgt_len, dim)``, None without a decoder (the MLM-only baseline);
+        its projection is ``decoder_projection()`` (tied to the token embeddings, no bias)."""
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
-        extra["decoder_out"], _ = self.weak_decoder(prev_output_tokens, encoder_out=cls_memory(features))
-        if features_only:
-            return features, extra
-        return self.mlm_logits(features, masked_tokens=masked_tokens), extra
+        extra["decoder_features"] = None
+        if self.weak_decoder is not None:
+            extra["decoder_features"], _ = self.weak_decoder(
+                prev_output_tokens, encoder_out=cls_memory(features), features_only=True
+            )
+        return self.mlm_hidden(features, masked_tokens), extra
+
+    def decoder_projection(self) -> Tuple["torch.Tensor", None]:
+        """The weak decoder's output projection: (weight tied to the token embeddings, no bias)."""
+        return self.weak_decoder.output_projection.weight, None
 
 
 # ---------------------------------------------------------------------------

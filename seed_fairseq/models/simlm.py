@@ -23,7 +23,6 @@ from typing import Tuple
 
 import torch
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.roberta import RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.utils import safe_getattr
 
@@ -40,10 +39,11 @@ class SimLMModel(BottleneckEncoderModel):
 
     pretraining_only_prefixes = ("simlm_decoder.",)
     pretraining_only_config_prefixes = ("decoder_",)
+    pretraining_inputs = ("dec_tokens",)
 
     @staticmethod
     def add_args(parser) -> None:
-        RobertaModel.add_args(parser)
+        BottleneckEncoderModel.add_args(parser)
         parser.add_argument(
             "--decoder-layers",
             type=int,
@@ -53,11 +53,7 @@ class SimLMModel(BottleneckEncoderModel):
         )
 
     @classmethod
-    def build_model(cls, args, task) -> "SimLMModel":
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, False)
+    def prepare_args(cls, args) -> None:
         base_architecture(args)
         if not 0 <= args.decoder_layers <= args.encoder_layers:
             raise ValueError(
@@ -66,9 +62,6 @@ class SimLMModel(BottleneckEncoderModel):
             )
         if args.encoder_layers_to_keep:
             raise ValueError("simlm does not support --encoder-layers-to-keep")
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, True)
-        return super().build_model(args, task)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # applies BERT init to the encoder
@@ -93,49 +86,20 @@ class SimLMModel(BottleneckEncoderModel):
                 x = x[0]
         return x.transpose(0, 1)
 
-    def forward(
-        self,
-        src_tokens,
-        dec_tokens=None,
-        features_only=False,
-        return_all_hiddens=False,
-        classification_head_name=None,
-        masked_tokens=None,
-        head_inputs=False,
-        **kwargs,
+    def pretraining_forward(
+        self, src_tokens, masked_tokens=None, return_all_hiddens=False, dec_tokens=None, **unused
     ) -> Tuple[torch.Tensor, dict]:
-        """Without ``dec_tokens`` this is exactly RoBERTa's forward.
-
-        With them (pre-training) it returns ``(encoder logits, extra)`` where
-        ``extra["decoder_out"]`` holds the decoder's logits; both are computed at
-        ``masked_tokens`` only (all positions when None).  ``head_inputs=True``: the
-        MLM head's inputs (``mlm_hidden``) instead of its logits, for a fused loss.
-        """
-        if dec_tokens is not None and self.simlm_decoder is None and head_inputs:
-            features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
-            extra["decoder_out"] = None
-            return self.lm_head(features, masked_tokens, head_inputs), extra
-        if dec_tokens is None or self.simlm_decoder is None:
-            x, extra = super().forward(
-                src_tokens,
-                features_only,
-                return_all_hiddens,
-                classification_head_name,
-                masked_tokens=masked_tokens,
-                **kwargs,
-            )
-            if dec_tokens is not None:
-                extra["decoder_out"] = None
-            return x, extra
+        """``(encoder's mlm_features, extra)`` with ``extra["decoder_features"]`` the decoder's
+        (through the shared MLM head up to its projection, ``decoder_projection()``), both at
+        ``masked_tokens`` (all positions when None); None without a decoder (--decoder-layers 0)."""
         if dec_tokens.shape != src_tokens.shape:
             raise ValueError(f"decoder input {tuple(dec_tokens.shape)} != encoder input {tuple(src_tokens.shape)}")
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
-        dec_features = self.decode(self.cls_vector(features), dec_tokens)
-        if features_only:
-            extra["decoder_out"] = dec_features
-            return features, extra
-        extra["decoder_out"] = self.lm_head(dec_features, masked_tokens, head_inputs)
-        return self.lm_head(features, masked_tokens, head_inputs), extra
+        extra["decoder_features"] = None
+        if self.simlm_decoder is not None:
+            dec_features = self.decode(self.cls_vector(features), dec_tokens)
+            extra["decoder_features"] = self.mlm_hidden(dec_features, masked_tokens)
+        return self.mlm_hidden(features, masked_tokens), extra
 
     def upgrade_state_dict_named(self, state_dict, name) -> None:
         prefix = name + "." if name != "" else ""

@@ -1,6 +1,3 @@
-from .. import plugin  # noqa: F401  (registration first: see seed_fairseq/__init__.py)
-
-# isort: split
 from .windowed_decoder import (  # noqa: F401
     FULL,
     WindowedTransformerDecoder,

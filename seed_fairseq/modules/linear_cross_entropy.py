@@ -35,11 +35,12 @@ API (stable; every objective that predicts the vocabulary at many positions uses
     # correct: 0-d int64 tensor (no gradient), the kept positions whose argmax is the target.
 
 In a criterion: let the model return the features before its vocabulary projection
-(SEED: ``model(..., head_inputs=True)``; a fairseq decoder: ``features_only=True``)
-and pass the projection's weight, e.g. ``decoder.output_projection.weight`` (tied
-to the token embeddings, no bias) or, for RoBERTa's LM head, ``model.mlm_hidden`` /
-``model.mlm_projection()`` (``models/bottleneck.py``). ``criterions/vocab_loss.py``
-wraps this as ``vocab_term(...) -> Term`` with the ``--vocab-loss`` options.
+(every pre-training model of the plugin does: ``BottleneckEncoderModel.pretraining_forward``;
+a fairseq decoder: ``features_only=True``) and pass the projection's weight and bias:
+``model.mlm_projection()`` / ``model.decoder_projection()`` (``models/bottleneck.py``),
+e.g. a decoder's ``output_projection.weight`` (tied to the token embeddings, no bias).
+``criterions/vocab_loss.py`` wraps this as ``VocabLossMixin.vocabulary_term(...) -> Term``
+with the ``--vocab-loss`` options.
 
 ``linear_cross_entropy(h, w, t, ignore_index=pad)`` equals
 ``F.cross_entropy(F.linear(h, w).float(), t, ignore_index=pad, reduction="sum")``
@@ -65,6 +66,7 @@ import torch
 import torch.nn.functional as F
 
 IMPLEMENTATIONS = ("chunked", "recompute", "plain", "liger", "cce")
+DEFAULT_IMPLEMENTATION = IMPLEMENTATIONS[0]  # --vocab-loss's default
 # Logits per chunk when chunk_size is None: 2**24 fp32 values = 64 MiB (512 positions
 # of a 32k vocabulary; plus a copy in the input dtype): small beside the activations,
 # and few passes over the fp32 weight-gradient accumulator (larger chunks were no
@@ -243,7 +245,7 @@ def linear_cross_entropy(
     bias: Optional[torch.Tensor] = None,
     ignore_index: int = -100,
     chunk_size: Optional[int] = None,
-    implementation: str = "chunked",
+    implementation: str = DEFAULT_IMPLEMENTATION,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Summed NLL (0-d fp32) and number of correct argmax predictions (0-d int64) of
     ``softmax(hidden @ weight.T + bias)`` against ``target``, positions with

@@ -1,4 +1,4 @@
-"""Dense retrieval with exported encoders (the ``[retrieval]`` extra).
+"""Dense retrieval with exported encoders (the ``[retrieval]`` extra); imports without fairseq.
 
 Library modules (the command-line drivers are ``examples/retrieval/*.py``):
 
@@ -6,8 +6,13 @@ Library modules (the command-line drivers are ``examples/retrieval/*.py``):
 * ``search``    encoding with sentence-transformers, faiss indexes and top-k
 * ``metrics``   ir_measures metrics, TREC run files, paired permutation test
 * ``bm25``      the bm25s baseline
+* ``representations`` the registry of retrieval representations (``cls`` built in; DupMAE's in
+  ``seed_fairseq/dupmae/``, found through the ``seed_fairseq.representations`` entry points)
 * ``negatives`` hard negatives from BM25 (DPR) or the model's own top-k (ANCE)
-* ``training``  dual-encoder fine-tuning (``FinetuneConfig``, ``finetune``, ``finetune_to_folder``)
+* ``config``    ``FinetuneConfig`` and the fine-tuning flags generated from its fields
+* ``batching``  training queries, hard negatives per example, batches without a text twice
+* ``curve``     the dev curve during fine-tuning (``--eval-every``)
+* ``training``  dual-encoder fine-tuning (``finetune``, ``finetune_to_folder``)
 * ``evaluate``  search + metrics of one model on one split
 * ``analysis``  [CLS] cosine of random pairs by length (SEED-Encoder, Figures 1b/5)
 * ``cli``       what the drivers share: argparse types, search options, the one-line ``error:``

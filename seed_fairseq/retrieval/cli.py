@@ -1,7 +1,7 @@
 """What the retrieval command-line drivers share: argparse types that refuse
 values which would hang or mislead, the search options, and the one-line error.
 
-The guarantees (README, "Guarantees"): bad input gives one line
+The guarantees (docs/guarantees.md): bad input gives one line
 ``error: FILE: problem`` (``FILE:LINE:`` for data files) on stderr and exit
 status 2; outputs are written atomically and only replace what the tool's own
 record says it wrote (``seed_fairseq/fileio.py``).
@@ -74,6 +74,7 @@ unit_interval = _number(float, lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
+    from . import representations
     from .search import INDEX_PRESETS, PRECISIONS
 
     g = p.add_argument_group("encoding and search")
@@ -106,7 +107,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ef-search", type=positive_int, default=128)
     g.add_argument(
         "--representation",
-        choices=("cls", "dupmae"),
+        choices=representations.names(),  # cls, dupmae
         default=None,
         help="cls: the [CLS] vector; dupmae: DupMAE's projected [CLS] + top-k vocabulary entries (Eq. 10-12; "
         "the folder needs dupmae.json and dupmae_head.safetensors). Default: what the model folder declares",

@@ -18,7 +18,7 @@ from .search import make_retriever
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-    from .training import FinetuneConfig
+    from .config import FinetuneConfig
 
 
 def mine_bm25(data: RetrievalData, qids: Sequence[str], k: int) -> Dict[str, List[str]]:
@@ -55,10 +55,8 @@ def unjudged_count(data: RetrievalData, qid: str) -> int:
     return len(data.corpus) - sum(1 for d in data.qrels.get(qid, {}) if d in data.corpus)
 
 
-def negatives_per_query(data: RetrievalData, qids: Sequence[str], cfg: "FinetuneConfig") -> Dict[str, int]:
-    """Hard negatives each query gets: ``--num-negatives``, or fewer when the
-    corpus does not have that many documents left once the query's judged ones
-    are excluded."""
-    if cfg.negatives == "none":
-        return {q: 0 for q in qids}
-    return {q: min(cfg.num_negatives, unjudged_count(data, q)) for q in qids}
+def negatives_per_query(data: RetrievalData, qids: Sequence[str], num_negatives: int) -> Dict[str, int]:
+    """Hard negatives each query gets: ``num_negatives`` (``--num-negatives``; 0 with
+    ``--negatives none``), or fewer when the corpus does not have that many documents
+    left once the query's judged ones are excluded."""
+    return {q: min(num_negatives, unjudged_count(data, q)) for q in qids}

@@ -10,7 +10,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import faiss
 import numpy as np
@@ -18,12 +18,14 @@ import torch
 
 from ..hf.folder import CONFIG, HFFolderError, check_folder
 from ..vocabulary.tokenizer import TokenizerError, broken_json, check_tokenizer_fits
+from . import representations
 from .data import DataFormatError
+from .representations import Representation
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-    from .dupmae import DupMAERetriever
+    from .representations import Retriever
 
 # Named presets for ``--index``; anything else is passed to faiss.index_factory.
 INDEX_PRESETS = {
@@ -98,15 +100,12 @@ def load_model(
     Only local folders: sentence-transformers would look a missing path up on
     the Hugging Face hub (a network wait, then a long traceback).
 
-    ``representation``: ``cls`` (the folder's [CLS] pooling), ``dupmae`` (DupMAE's
-    dense + sparse representation, ``dupmae.py``; the folder must hold its head
-    files) or None: what the folder declares.  ``sparse_top_k`` overrides the
-    DupMAE head's top-k.
+    ``representation``: ``cls`` (the folder's [CLS] pooling), another registered one
+    (``representations.py``; ``dupmae``: DupMAE's dense + sparse representation,
+    ``seed_fairseq/dupmae/``, whose head files the folder must hold) or None: what
+    the folder declares.  ``sparse_top_k`` overrides the DupMAE head's top-k.
     """
-    from .dupmae import REPRESENTATIONS, folder_representation, load_dupmae_model
-
-    if representation is not None and representation not in REPRESENTATIONS:
-        raise ValueError(f"representation must be one of {REPRESENTATIONS}, got {representation!r}")
+    chosen = representations.get(representation) if representation is not None else None
     folder = Path(path)
     if not folder.exists():
         raise DataFormatError(folder, None, "model folder not found")
@@ -145,13 +144,7 @@ def load_model(
             )
             max_seq_length = limit
         model.max_seq_length = max_seq_length
-    if (representation or folder_representation(folder)) == "dupmae":
-        model = load_dupmae_model(model, folder, sparse_top_k)
-    elif sparse_top_k is not None:
-        raise DataFormatError(
-            folder, None, "--sparse-top-k applies to DupMAE's representation; this model is loaded with [CLS] pooling"
-        )
-    return model
+    return (chosen or representations.of_folder(folder)).load(model, folder, sparse_top_k)
 
 
 def transformer_folder(folder: Path) -> Optional[Path]:
@@ -367,14 +360,10 @@ def to_run(
     return run
 
 
-def make_retriever(
-    model: "SentenceTransformer", corpus: Dict[str, str], **kwargs
-) -> Union["DenseRetriever", "DupMAERetriever"]:
-    """The retriever of the model's representation: :class:`DenseRetriever` ([CLS]) or
-    ``dupmae.DupMAERetriever`` (same arguments and ``retrieve``)."""
-    from .dupmae import DupMAERetriever, dupmae_head
-
-    return (DupMAERetriever if dupmae_head(model) is not None else DenseRetriever)(model, corpus, **kwargs)
+def make_retriever(model: "SentenceTransformer", corpus: Dict[str, str], **kwargs) -> "Retriever":
+    """The retriever of the model's representation (``representations.of_model``): :class:`DenseRetriever`
+    for [CLS], ``DupMAERetriever`` for DupMAE's (same arguments and ``retrieve``)."""
+    return representations.of_model(model).retriever(model, corpus, **kwargs)
 
 
 class DenseRetriever:
@@ -411,3 +400,28 @@ class DenseRetriever:
         )
         scores, ids = search(self.index, q, k)
         return to_run(qids, self.doc_ids, scores, ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# the built-in representation: the folder's [CLS] pooling
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_cls(model: "SentenceTransformer", folder: Path, sparse_top_k: Optional[int]) -> "SentenceTransformer":
+    if sparse_top_k is not None:
+        raise DataFormatError(
+            folder, None, "--sparse-top-k applies to DupMAE's representation; this model is loaded with [CLS] pooling"
+        )
+    return model
+
+
+CLS = representations.register(
+    Representation(
+        name=representations.BUILT_IN,
+        declared_by=lambda folder: False,  # the default: what a folder declaring nothing else is
+        load=_load_cls,
+        owns=lambda model: True,
+        retriever=DenseRetriever,
+        save=lambda model, folder: model.save(str(folder)),
+    )
+)

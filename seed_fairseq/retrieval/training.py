@@ -46,394 +46,41 @@ AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
 ``accelerate`` packages for no gain here.
 """
 
-import argparse
 import json
-import math
 import os
 import random
-import sys
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
 import torch
 
-from ..fileio import OutputError, owned_output, staged_output, write_output_record
-from .cli import fraction, nonneg_float, nonneg_int, positive_float, positive_int, seed_int, unit_interval
+from ..fileio import OutputError, owned_output, staged_dir
+from . import representations
+from .batching import (
+    NoDuplicateBatches,
+    build_examples,
+    check_training_data,
+    sample_negatives,  # noqa: F401  (its 0.2 import path)
+)
+from .config import FinetuneConfig
+from .curve import CURVE_METRICS, CurveEvaluator  # noqa: F401  (CURVE_METRICS: its 0.2 import path)
 from .data import DataFormatError, RetrievalData, subsample
-from .dupmae import dupmae_head, save_model
-from .evaluate import evaluate_model
-from .negatives import mine_bm25, mine_dense, negatives_per_query
+from .negatives import mine_bm25, mine_dense
 from .search import load_model
 
 if TYPE_CHECKING:
-    from sentence_transformers import InputExample, SentenceTransformer
-
-CURVE_METRICS = ("MRR@10", "R@100", "nDCG@10")
+    from sentence_transformers import SentenceTransformer
 TOOL = "examples/retrieval/finetune.py"
 RECORD = "finetune.json"  # this tool's record in OUT: the files it may replace
 OUT_TOOL = "finetune.py"  # how messages about OUT name the tool
 
 
-@dataclass
-class FinetuneConfig:
-    negatives: str = "bm25"  # none | bm25 | ance
-    loss: str = "mnrl"  # mnrl | triplet
-    train_fraction: float = 1.0
-    seed: int = 1
-    batch_size: int = 32
-    lr: float = 2e-5
-    epochs: int = 1  # per ANCE round
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    num_negatives: int = 1  # hard negatives per (query, positive)
-    neg_top_k: int = 100  # negatives are sampled from this many top-ranked non-positives
-    ance_rounds: int = 2
-    ance_first: str = "dense"  # where round 1 mines: the starting model (dense) or bm25
-    margin: float = 1.0  # triplet loss
-    scale: float = 1.0  # MNRL logit scale; 1 = plain dot product as in DPR
-    eval_every: int = 0
-    eval_k: int = 100
-    encode_batch_size: int = 128
-    precision: str = "fp16"  # autocast dtype on CUDA; CPU always trains in fp32
-    index: str = "flat"
-    show_progress: bool = True
-
-    @staticmethod
-    def add_args(p: argparse.ArgumentParser) -> None:
-        """The fine-tuning flags of ``examples/retrieval/finetune.py`` (defaults from this class)."""
-        d = FinetuneConfig()
-        p.add_argument("--negatives", choices=("bm25", "ance", "none"), default=d.negatives)
-        p.add_argument("--loss", choices=("mnrl", "triplet"), default=d.loss)
-        p.add_argument("--train-fraction", type=fraction, default=d.train_fraction)
-        p.add_argument("--seed", type=seed_int, default=d.seed)
-        p.add_argument("--train-batch-size", type=positive_int, default=d.batch_size, help="queries per step")
-        p.add_argument("--lr", type=positive_float, default=d.lr)
-        p.add_argument("--epochs", type=positive_int, default=d.epochs, help="epochs (per round with --negatives ance)")
-        p.add_argument("--warmup-ratio", type=unit_interval, default=d.warmup_ratio)
-        p.add_argument("--weight-decay", type=nonneg_float, default=d.weight_decay)
-        p.add_argument(
-            "--num-negatives",
-            type=nonneg_int,
-            default=d.num_negatives,
-            help="hard negatives per query (fewer, with a note, when the corpus has fewer unjudged documents)",
-        )
-        p.add_argument(
-            "--neg-top-k", type=positive_int, default=d.neg_top_k, help="sample hard negatives from this top-k"
-        )
-        p.add_argument("--ance-rounds", type=positive_int, default=d.ance_rounds)
-        p.add_argument(
-            "--ance-first",
-            choices=("dense", "bm25"),
-            default=d.ance_first,
-            help="negatives of the first ANCE round: the starting model's own top-k, or BM25",
-        )
-        p.add_argument("--margin", type=nonneg_float, default=d.margin, help="triplet margin")
-        p.add_argument("--scale", type=positive_float, default=d.scale, help="MNRL logit scale (1 = raw dot product)")
-        p.add_argument(
-            "--eval-every",
-            type=nonneg_int,
-            default=0,
-            help="dev metrics every N steps within an epoch (0: step 0 and epoch ends only)",
-        )
-        p.add_argument("--eval-k", type=positive_int, default=d.eval_k)
-        p.add_argument("--no-progress", action="store_true")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "FinetuneConfig":
-        """The config of parsed :meth:`add_args` flags plus the search flags (``cli.add_search_args``)."""
-        return cls(
-            negatives=args.negatives,
-            loss=args.loss,
-            train_fraction=args.train_fraction,
-            seed=args.seed,
-            batch_size=args.train_batch_size,
-            lr=args.lr,
-            epochs=args.epochs,
-            warmup_ratio=args.warmup_ratio,
-            weight_decay=args.weight_decay,
-            num_negatives=args.num_negatives,
-            neg_top_k=args.neg_top_k,
-            ance_rounds=args.ance_rounds,
-            ance_first=args.ance_first,
-            margin=args.margin,
-            scale=args.scale,
-            eval_every=args.eval_every,
-            eval_k=args.eval_k,
-            encode_batch_size=args.batch_size,
-            precision=args.precision,
-            index=args.index,
-            show_progress=not args.no_progress,
-        )
-
-    def validate(self) -> None:
-        """ValueError for settings that would hang, crash late or train on nothing."""
-        if self.negatives not in ("none", "bm25", "ance"):
-            raise ValueError(f"negatives must be none, bm25 or ance, got {self.negatives!r}")
-        if self.loss not in ("mnrl", "triplet"):
-            raise ValueError(f"loss must be mnrl or triplet, got {self.loss!r}")
-        if self.loss == "triplet" and self.negatives == "none":
-            raise ValueError("--loss triplet needs negatives: use --negatives bm25 or ance")
-        if self.loss == "triplet" and self.num_negatives < 1:
-            raise ValueError("--loss triplet needs --num-negatives >= 1")
-        if self.ance_first not in ("dense", "bm25"):
-            raise ValueError(f"ance_first must be dense or bm25, got {self.ance_first!r}")
-        at_least = {
-            "batch_size": 1,
-            "epochs": 1,
-            "neg_top_k": 1,
-            "ance_rounds": 1,
-            "eval_k": 1,
-            "encode_batch_size": 1,
-            "num_negatives": 0,
-            "eval_every": 0,
-        }
-        for name, low in at_least.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        ranges = {
-            "train_fraction": (0, 1, False),
-            "lr": (0, math.inf, False),
-            "scale": (0, math.inf, False),
-            "max_grad_norm": (0, math.inf, False),
-            "warmup_ratio": (0, 1, True),
-            "weight_decay": (0, math.inf, True),
-            "margin": (0, math.inf, True),
-        }
-        for name, (low, high, low_ok) in ranges.items():
-            value = getattr(self, name)
-            ok = (
-                isinstance(value, (int, float))
-                and math.isfinite(value)
-                and value <= high
-                and (value >= low if low_ok else value > low)
-            )
-            if not ok:
-                raise ValueError(
-                    f"{name} must be a finite number {'>=' if low_ok else '>'} {low}"
-                    f"{'' if high == math.inf else f' and <= {high}'}, got {value!r}"
-                )
-
-
 def neg_dot_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TripletLoss minimises d(q,d+) - d(q,d-) + margin; with d = -dot this is the paper's loss."""
     return -(a * b).sum(-1)
-
-
-class NoDuplicateBatches:
-    """Batch sampler: reshuffled every epoch, no text twice in one batch, and
-    every example of a batch with the same number of texts.
-
-    With in-batch negatives a passage that is one query's positive and another's
-    hard negative in the same batch would be a false negative.  Why not
-    sentence-transformers' own: ``NoDuplicatesBatchSampler`` works on a
-    ``datasets.Dataset`` for ``SentenceTransformerTrainer`` (we train with
-    ``old_fit`` over ``InputExample`` lists, without ``datasets``/``accelerate``)
-    and does not group by width, and the older ``NoDuplicatesDataLoader`` loops
-    forever when a batch cannot be filled; here conflicting examples are
-    deferred to a later batch instead.  Examples of
-    queries that got fewer hard negatives (tiny corpora) are deferred the same
-    way: the collate function zips the texts column by column, so a mixed batch
-    would silently drop the extra negatives of the longer examples.
-    """
-
-    def __init__(self, examples, batch_size: int, seed: int):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.keys = [frozenset(t.strip().lower() for t in ex.texts) for ex in examples]
-        self.sizes = [len(ex.texts) for ex in examples]
-        self.batch_size = batch_size
-        self.rng = random.Random(seed)
-
-    def __len__(self):
-        return max(1, len(self.keys) // self.batch_size) if self.keys else 0
-
-    def __iter__(self):
-        pending = deque(self.rng.sample(range(len(self.keys)), len(self.keys)))
-        for _ in range(len(self)):
-            batch, seen, deferred, size = [], set(), [], None
-            while pending and len(batch) < self.batch_size:
-                i = pending.popleft()
-                if self.keys[i] & seen or (size is not None and self.sizes[i] != size):
-                    deferred.append(i)
-                else:
-                    batch.append(i)
-                    seen |= self.keys[i]
-                    size = self.sizes[i]
-            pending.extendleft(reversed(deferred))
-            if not batch:
-                return
-            yield batch
-
-
-class CurveEvaluator:
-    """Dev-set retrieval metrics during training, appended to a JSON-lines curve.
-
-    Why not sentence-transformers' ``InformationRetrievalEvaluator``: it scores
-    the corpus with its own torch top-k and metric code; the curve must be the
-    evaluation ``evaluate.py`` prints (the same faiss index, options and
-    ir_measures metrics), so that its last point and the final number agree.
-
-    Plugs into ``old_fit``'s evaluator hook, which passes the step within the
-    epoch (or -1 at the epoch end); the global step is rebuilt from that.
-    """
-
-    def __init__(self, dev: RetrievalData, cfg: FinetuneConfig, curve_path: Optional[Path], **index_kw):
-        self.dev, self.cfg, self.curve_path, self.index_kw = dev, cfg, curve_path, index_kw
-        self.offset = 0  # steps done in earlier old_fit calls (ANCE rounds)
-        self.steps_per_epoch = 0
-        self.round = 0
-        self.last_step = None
-        self.history: List[dict] = []
-
-    def __call__(self, model, output_path=None, epoch: int = -1, steps: int = -1) -> float:
-        step = self.offset + (
-            epoch * self.steps_per_epoch + steps if steps >= 0 else (epoch + 1) * self.steps_per_epoch
-        )
-        return self.evaluate_at(model, step)
-
-    def evaluate_at(self, model: "SentenceTransformer", step: int) -> float:
-        if step == self.last_step:
-            return self.history[-1]["MRR@10"]
-        metrics, _ = evaluate_model(
-            model,
-            self.dev,
-            k=self.cfg.eval_k,
-            batch_size=self.cfg.encode_batch_size,
-            precision=self.cfg.precision,
-            index=self.cfg.index,
-            show_progress=False,
-            **self.index_kw,
-        )
-        row = {"step": step, "round": self.round, **{m: metrics[m] for m in CURVE_METRICS}}
-        self.history.append(row)
-        self.last_step = step
-        if self.curve_path is not None:
-            with open(self.curve_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-        print(f"[dev] {json.dumps(row)}", file=sys.stderr)
-        model.train()
-        return row["MRR@10"]
-
-
-def check_training_data(
-    data: RetrievalData, cfg: FinetuneConfig, qids: Optional[Sequence[str]] = None, log: bool = True
-) -> List[str]:
-    """The training queries (with a positive in the corpus), or a :class:`DataFormatError`
-    naming the data when the loss could not get a single negative.
-
-    Called before any model is loaded or output written.  Logs a note (unless
-    ``log`` is False) when some queries get fewer hard negatives than asked for.
-    """
-    where = data.folder or data.name or "training data"
-    if qids is None:
-        qids = [q for q in data.query_ids() if data.positives(q)]
-    if not qids:
-        raise DataFormatError(
-            data.qrels_path or where,
-            None,
-            f"no training query of split {data.split!r} has a relevant document that is in "
-            f"the corpus ({data.missing_docs} judged documents are missing from it)",
-        )
-    counts = negatives_per_query(data, qids, cfg)
-    n_docs = len(data.corpus)
-    if cfg.loss == "triplet" and not any(counts.values()):
-        raise DataFormatError(
-            where,
-            None,
-            f"no negatives possible: each of the {n_docs} corpus documents is "
-            "judged for every training query, and --loss triplet needs a "
-            "document that is not judged for the query",
-        )
-    if cfg.loss == "mnrl" and not any(counts.values()):
-        # no hard negative anywhere: only in-batch negatives, i.e. other queries'
-        # positives, and a batch never holds the same text twice
-        distinct = {data.corpus[d].strip().lower() for q in qids for d in data.positives(q)}
-        if len(distinct) < 2:
-            raise DataFormatError(
-                where,
-                None,
-                f"no negatives possible: the corpus has {n_docs} document(s), "
-                "each judged for every training query, and every training query "
-                "has the same positive passage, so the loss has nothing to rank "
-                "it against",
-            )
-    short = [q for q in qids if counts[q] < cfg.num_negatives] if cfg.negatives != "none" else []
-    if short and log:
-        fewest = min(counts[q] for q in short)
-        print(
-            f"note: {where}: {len(short)} of {len(qids)} training queries have fewer than {cfg.num_negatives} "
-            f"unjudged documents in the corpus ({n_docs} documents), so they get fewer hard negatives "
-            f"(as few as {fewest}, e.g. query {short[0]!r})",
-            file=sys.stderr,
-        )
-    return list(qids)
-
-
-def sample_negatives(pool: Sequence[str], doc_ids: Sequence[str], judged, want: int, rng: random.Random) -> List[str]:
-    """``want`` distinct documents, none judged for the query: from the mined
-    ``pool`` first, then at random from the whole corpus.  Fewer only if the
-    corpus has fewer; ``want`` must not exceed what it has (see
-    :func:`negatives_per_query`), but even then this returns instead of looping.
-    """
-    negs = rng.sample(list(pool), min(want, len(pool)))
-    if len(negs) >= want:
-        return negs
-    # too few mined candidates (tiny corpora, queries without BM25 matches): pad
-    # at random.  Rejection sampling is fast when the judged documents are a small
-    # part of the corpus, but the draws are bounded: in a tiny corpus they could
-    # keep hitting judged documents, so the rest is picked from an explicit list.
-    taken = set(negs)
-    for _ in range(4 * want + 16):
-        if len(negs) >= want:
-            return negs
-        d = rng.choice(doc_ids)
-        if d not in judged and d not in taken:
-            negs.append(d)
-            taken.add(d)
-    if len(negs) < want:
-        rest = [d for d in doc_ids if d not in judged and d not in taken]
-        negs.extend(rng.sample(rest, min(want - len(negs), len(rest))))
-    return negs
-
-
-def build_examples(
-    data: RetrievalData,
-    qids: Sequence[str],
-    negatives: Optional[Dict[str, List[str]]],
-    cfg: FinetuneConfig,
-    rng: random.Random,
-) -> List["InputExample"]:
-    """InputExamples: (query, positive, hard negatives...) for MNRL, one
-    (query, positive, negative) triplet per negative for the triplet loss.
-
-    A query gets ``negatives_per_query`` hard negatives (fewer than
-    ``cfg.num_negatives`` only in tiny corpora); with the triplet loss a query
-    without any gives no example.
-    """
-    from sentence_transformers import InputExample
-
-    doc_ids = list(data.corpus)
-    counts = negatives_per_query(data, qids, cfg)
-    examples = []
-    for q in qids:
-        judged = data.qrels.get(q, {})
-        for pos in data.positives(q):
-            texts = [data.queries[q], data.corpus[pos]]
-            if negatives is None:
-                examples.append(InputExample(texts=texts))
-                continue
-            negs = sample_negatives(negatives.get(q, []), doc_ids, judged, counts[q], rng)
-            if cfg.loss == "triplet":
-                examples.extend(InputExample(texts=texts + [data.corpus[n]]) for n in negs)
-            else:
-                examples.append(InputExample(texts=texts + [data.corpus[n] for n in negs]))
-    return examples
 
 
 def make_loss(model: "SentenceTransformer", cfg: FinetuneConfig) -> torch.nn.Module:
@@ -571,25 +218,24 @@ def finetune_to_folder(
     model = load_model(model_path, device, max_seq_length, representation, sparse_top_k)
     created = _make_parents(out.parent)
     try:
-        with staged_output(out, RECORD, OUT_TOOL, replace=force, is_own=is_finetune_record) as staging:
+        with staged_dir(out, RECORD, OUT_TOOL, replace=force, is_own=is_finetune_record) as (staging, record):
             summary = finetune(
                 model, train, cfg, dev=dev, curve_path=staging / "curve.jsonl" if dev else None, **(index_kw or {})
             )
-            head = dupmae_head(model)
-            if head is not None:
-                head.head_config["cls_projection"] += f"; then fine-tuned by {TOOL}"
-            save_model(model, staging)  # a DupMAE model keeps its head files (dupmae.py)
+            rep = representations.of_model(model)
+            rep.mark_finetuned(model, TOOL)
+            rep.save(model, staging)  # a DupMAE model keeps its head files (seed_fairseq/dupmae/)
             summary.update(
                 tool=TOOL,
                 config=asdict(cfg),
                 model=str(model_path),
-                representation="dupmae" if head is not None else "cls",
+                representation=rep.name,
                 data=str(train.folder or train.name),
                 split=train.split,
                 dev_split=dev.split if dev is not None else None,
                 seconds=round(time.time() - t0, 1),
             )
-            write_output_record(staging, RECORD, summary)  # the record last: its presence means complete
+            record.update(summary)  # written last (staged_dir): its presence means complete
         created = []
     finally:
         for folder in reversed(created):  # parents this run made for OUT, if still empty

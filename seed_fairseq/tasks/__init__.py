@@ -1,6 +1,3 @@
-from .. import plugin  # noqa: F401  (registration first: see seed_fairseq/__init__.py)
-
-# isort: split
 from .cpdae_pretrain import CpdaePretrainTask  # noqa: F401
 from .retromae_pretrain import DupMAEPretrainTask, RetroMAEPretrainTask  # noqa: F401
 from .seed_pretrain import SeedPretrainTask  # noqa: F401

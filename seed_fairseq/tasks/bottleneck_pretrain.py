@@ -58,13 +58,17 @@ from ..checkpoint import DICTIONARY_SHA256, CheckpointError, check_dictionary
 from ..data.split_files import check_split_files
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 from ..errors import ConfigurationError
-from ..vocabulary.dictionary import dictionary_sha256
+from ..objectives import ObjectiveDescription
+from ..vocabulary.dictionary import dictionary_sha256, is_ordinary
 from ..vocabulary.tokenizer import load_record as load_tokenizer_record
 from ..vocabulary.tokenizer import word_start_table
 
 logger = logging.getLogger(__name__)
 
 POSITIONS_KEY = "encoder.sentence_encoder.embed_positions.weight"
+
+# set on fairseq's dummy batch (see BottleneckPretrainTask.train_step)
+DUMMY_BATCH = "dummy_batch"
 
 # sentencepiece marks the first piece of a word with U+2581; the dictionary
 # holds pieces, so whole-word masking can be read off the dictionary itself.
@@ -114,7 +118,7 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "such a restore is refused"
         },
     )
-    # the run's own decision (seed_fairseq/checkpoint.py, point 1 of compat.py): a
+    # the run's own decision (seed_fairseq/checkpoint.py, fairseq_patches/checkpoint_loading.py): a
     # checkpoint's saved config never turns it on (see SimLMPretrainTask.setup_task)
     trust_checkpoint: bool = field(
         default=False,
@@ -158,6 +162,9 @@ class BottleneckPretrainTask(MaskedLMTask):
     """Blocks + [CLS] + the encoder's MLM view, plus the objective's ``extra_inputs``."""
 
     cfg: BottleneckPretrainConfig
+    # what this task trains, for the model card, the comparison and the contract tests: one
+    # description per variant, declared in the class's own body (seed_fairseq/objectives.py)
+    objectives: Tuple[ObjectiveDescription, ...] = ()
 
     def __init__(self, cfg: BottleneckPretrainConfig, dictionary=None):
         if cfg.d2v2_multi or cfg.include_target_tokens or cfg.skip_masking:
@@ -239,7 +246,8 @@ class BottleneckPretrainTask(MaskedLMTask):
             return torch.ByteTensor(word_start_table(d.symbols, rec, d.nspecial, self.mask_idx))
         # specials and <mask> stand alone; byte-fallback pieces (<0xNN>)
         # continue the word their "▁" piece started
-        starts = [i < d.nspecial or i == self.mask_idx or sym.startswith(WORD_START) for i, sym in enumerate(d.symbols)]
+        special = [not is_ordinary(i, d.nspecial, self.mask_idx) for i in range(len(d))]
+        starts = [s or sym.startswith(WORD_START) for s, sym in zip(special, d.symbols)]
         return torch.ByteTensor(starts)
 
     def _split_path(self, split: str, epoch: int = 1) -> str:
@@ -380,11 +388,16 @@ class BottleneckPretrainTask(MaskedLMTask):
     def train_step(
         self, sample, model, criterion, optimizer, update_num, ignore_grad=False
     ) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
-        if ignore_grad and UPDATE_COUNTS in sample:
-            # fairseq's dummy batch (a copy of an earlier one, used when this
-            # worker ran out of data) must not add to the update's counts.
+        if ignore_grad:
+            # fairseq's dummy batch (a copy of an earlier one, used when this worker ran out of
+            # data): marked DUMMY_BATCH for the criterion (CPDAE's views must not become the other
+            # workers' negatives) and adding nothing to the update's counts
             sample = dict(sample)
-            sample[UPDATE_COUNTS] = {k: torch.zeros_like(torch.as_tensor(v)) for k, v in sample[UPDATE_COUNTS].items()}
+            sample[DUMMY_BATCH] = True
+            if UPDATE_COUNTS in sample:
+                sample[UPDATE_COUNTS] = {
+                    k: torch.zeros_like(torch.as_tensor(v)) for k, v in sample[UPDATE_COUNTS].items()
+                }
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     # -- diagnostics at validation (seed_fairseq/diagnostics.py) ------------------------------

@@ -16,21 +16,18 @@ resumed run sees the same ones.
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Dict
 
 import torch
 from fairseq.data import RightPadDataset
 from fairseq.distributed import utils as distributed_utils
 from fairseq.tasks import register_task
 
-from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
+from ..objectives import ObjectiveDescription
+from .bottleneck_pretrain import DUMMY_BATCH, BottleneckPretrainConfig, BottleneckPretrainTask  # noqa: F401
 
 # any constant works: fairseq hashes (seed, epoch, index) into the mask generator's seed
 VIEW_2_SEED_OFFSET = 7919
-
-# set on fairseq's dummy batch (a copy of an earlier batch, run with ignore_grad when
-# this worker has no data left): its views must not become the other workers' negatives
-DUMMY_BATCH = "dummy_batch"
 
 
 def has_negatives(sample, gathered: bool) -> bool:
@@ -44,11 +41,35 @@ class CpdaePretrainConfig(BottleneckPretrainConfig):
     pass
 
 
+CPDAE = ObjectiveDescription(
+    "cpdae",
+    "cpdae_pretrain",
+    title="CPDAE",
+    card_text="MLM plus a bag-of-words decoder on [CLS] and a contrast of the word distributions of two "
+    "masked views (CPDAE, Xu et al., CIKM 2022)",
+    tag="cpdae",
+    paper="Xu et al., 'Contrastive Pre-training of a Discriminative Autoencoder for Dense Retrieval', CIKM 2022",
+    paper_url="https://doi.org/10.1145/3511808.3557527",
+    label="CPDAE",
+    arch="cpdae_base",
+    texts_per_update_factor=0.5,
+    notes="MLM on two views + bag-of-words MLP decoder + JS contrast (lambda 0.1); half the texts "
+    "per update (two views each)",
+    order=40,
+    test_arch="cpdae_tiny",
+    terms=("mlm", "bow", "cl"),
+    bottleneck_terms=("bow", "cl"),
+    heads=("bow_decoder.",),
+    in_batch_terms=("cl",),
+)
+
+
 @register_task("cpdae_pretrain", dataclass=CpdaePretrainConfig)
 class CpdaePretrainTask(BottleneckPretrainTask):
     """MLM on two masked views + bag-of-words reconstruction + contrast of the views (CPDAE)."""
 
     cfg: CpdaePretrainConfig
+    objectives = (CPDAE,)
 
     def extra_inputs(self, split, blocks, src, target) -> Dict:
         pad = self.source_dictionary.pad()
@@ -72,11 +93,3 @@ class CpdaePretrainTask(BottleneckPretrainTask):
             "bow": views,
             "cl": views.clone() if has_negatives(sample, gathered) else torch.zeros_like(views),
         }
-
-    def train_step(
-        self, sample, model, criterion, optimizer, update_num, ignore_grad=False
-    ) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
-        if ignore_grad:
-            sample = dict(sample)
-            sample[DUMMY_BATCH] = True
-        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)

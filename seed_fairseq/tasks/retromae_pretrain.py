@@ -30,6 +30,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 
 from ..data.decoder_mask_dataset import DecoderMaskDataset
+from ..objectives import ObjectiveDescription
+from ..vocabulary.dictionary import is_ordinary
 from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
 
 BOW_NORMALIZE_CHOICES = ChoiceEnum(["distinct", "tokens"])
@@ -37,7 +39,7 @@ BOW_NORMALIZE_CHOICES = ChoiceEnum(["distinct", "tokens"])
 
 def ordinary_tokens(tokens: torch.Tensor, dictionary: Dictionary, mask_idx: int) -> torch.Tensor:
     """Bool, same shape as ``tokens``: True for ordinary tokens (not a special symbol or <mask>)."""
-    return tokens.ge(dictionary.nspecial) & tokens.ne(mask_idx)
+    return is_ordinary(tokens, dictionary.nspecial, mask_idx)
 
 
 def decoder_targets(dec_tokens: torch.Tensor, dictionary: Dictionary, mask_idx: int) -> torch.Tensor:
@@ -86,12 +88,35 @@ class RetroMAEPretrainConfig(BottleneckPretrainConfig):
     )
 
 
+RETROMAE = ObjectiveDescription(
+    "retromae",
+    "retromae_pretrain",
+    title="RetroMAE",
+    card_text="MLM plus RetroMAE's one-layer enhanced decoder that reconstructs the unmasked input from "
+    "the [CLS] vector (Xiao & Liu)",
+    tag="retromae",
+    paper="Xiao et al., 'RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked Auto-Encoder', "
+    "EMNLP 2022",
+    paper_url="https://arxiv.org/abs/2205.12035",
+    label="RetroMAE",
+    arch="retromae_base",
+    notes="encoder masking 30% whole words + 1-layer enhanced decoder (50% per-row masks)",
+    order=20,
+    test_arch="retromae_tiny",
+    test_args=("--decoder-ffn-embed-dim", "23"),
+    terms=("mlm", "dec"),
+    bottleneck_terms=("dec",),
+    heads=("enhanced_decoder.",),
+)
+
+
 @register_task("retromae_pretrain", dataclass=RetroMAEPretrainConfig)
 class RetroMAEPretrainTask(BottleneckPretrainTask):
     """MLM + enhanced-decoder reconstruction from the [CLS] vector (RetroMAE)."""
 
     cfg: RetroMAEPretrainConfig
     with_bow = False
+    objectives = (RETROMAE,)
 
     def __init__(self, cfg: RetroMAEPretrainConfig, dictionary=None):
         if cfg.mask_single_pieces and cfg.mask_whole_words:
@@ -108,9 +133,7 @@ class RetroMAEPretrainTask(BottleneckPretrainTask):
 
     def extra_inputs(self, split, blocks, src, target) -> Dict:
         d = self.source_dictionary
-        special = torch.ones(len(d), dtype=torch.bool)
-        special[d.nspecial :] = False
-        special[self.mask_idx] = True
+        special = ~is_ordinary(torch.arange(len(d)), d.nspecial, self.mask_idx)
         return {
             "net_input": {
                 "dec_tokens": RightPadDataset(blocks, pad_idx=d.pad()),
@@ -144,12 +167,36 @@ class DupMAEPretrainConfig(RetroMAEPretrainConfig):
     )
 
 
+DUPMAE = ObjectiveDescription(
+    "dupmae",
+    "dupmae_pretrain",
+    title="DupMAE",
+    card_text="MLM, RetroMAE's enhanced decoder from [CLS], and a bag-of-words loss on the max-pooled MLM "
+    "head (DupMAE, Xiao & Liu, 'RetroMAE v2')",
+    tag="dupmae",
+    paper="Xiao & Liu, 'RetroMAE v2: Duplex Masked Auto-Encoder For Pre-Training Retrieval-Oriented Language Models'",
+    paper_url="https://arxiv.org/abs/2211.08769",
+    label="DupMAE",
+    arch="dupmae_base",
+    representations=("dupmae", "cls"),
+    notes="RetroMAE + bag-of-words term (weight 1, the paper's); evaluated with its dense+sparse "
+    "representation and with [CLS] alone",
+    order=21,
+    test_arch="dupmae_tiny",
+    test_args=("--decoder-ffn-embed-dim", "23"),
+    terms=("mlm", "dec", "bow"),
+    bottleneck_terms=("dec",),
+    heads=("enhanced_decoder.",),
+)
+
+
 @register_task("dupmae_pretrain", dataclass=DupMAEPretrainConfig)
 class DupMAEPretrainTask(RetroMAEPretrainTask):
     """RetroMAE + DupMAE's bag-of-words decoder over the ordinary tokens' embeddings."""
 
     cfg: DupMAEPretrainConfig
     with_bow = True
+    objectives = (DUPMAE,)
 
     def bag_of_words(self, dec_tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return bag_of_words(dec_tokens, self.source_dictionary, self.mask_idx)

@@ -27,6 +27,7 @@ from fairseq.tasks import register_task
 from ..checkpoint import CheckpointError
 from ..data.replaced_lm_dataset import FieldDataset, ReplacedLMNoiseDataset
 from ..models.simlm import SimLMModel
+from ..objectives import ObjectiveDescription
 from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class SimLMPretrainConfig(BottleneckPretrainConfig):
         default=None,
         metadata={
             "help": "the frozen generator: a masked-LM checkpoint trained on the same dict.txt (e.g. "
-            "--arch seed_encoder_mlm_only with a small encoder; see the README); required for training. "
+            "--arch seed_encoder_mlm_only with a small encoder; see docs/objectives/simlm.md); required for training. "
             "Loaded like every checkpoint: refused if it holds more than the types fairseq checkpoints hold, "
             "unless --trust-checkpoint"
         },
@@ -75,11 +76,33 @@ class SimLMPretrainConfig(BottleneckPretrainConfig):
     )
 
 
+SIMLM = ObjectiveDescription(
+    "simlm",
+    "simlm_pretrain",
+    title="SimLM",
+    card_text="replaced language modelling with a frozen generator, plus a shallow decoder that sees the "
+    "encoder only through [CLS] (SimLM, Wang et al., 2022)",
+    tag="simlm",
+    paper="Wang et al., 'SimLM: Pre-training with Representation Bottleneck for Dense Passage Retrieval', ACL 2023",
+    paper_url="https://arxiv.org/abs/2207.02578",
+    label="SimLM",
+    arch="simlm_base",
+    needs_generator=True,
+    notes="replaced LM with a frozen generator (30% / 50%), 2-layer decoder copied from the encoder",
+    order=30,
+    test_arch="simlm_tiny",
+    terms=("enc", "dec"),
+    bottleneck_terms=("dec",),
+    heads=("simlm_decoder.",),
+)
+
+
 @register_task("simlm_pretrain", dataclass=SimLMPretrainConfig)
 class SimLMPretrainTask(BottleneckPretrainTask):
     """Replaced language modelling with a frozen generator (SimLM)."""
 
     cfg: SimLMPretrainConfig
+    objectives = (SIMLM,)
 
     def __init__(self, cfg: SimLMPretrainConfig, dictionary=None):
         unsupported = {

@@ -11,7 +11,7 @@ models) and compares it before it loads, exports or resumes.
 
 import hashlib
 import os
-from typing import Union
+from typing import Any, Union
 
 
 def dictionary_sha256(path: Union[str, os.PathLike]) -> str:
@@ -22,3 +22,10 @@ def dictionary_sha256(path: Union[str, os.PathLike]) -> str:
 
     symbols = Dictionary.load(str(path)).symbols
     return hashlib.sha256("\n".join(symbols).encode("utf-8")).hexdigest()
+
+
+def is_ordinary(ids: Any, nspecial: int, mask_idx: int) -> Any:
+    """THE rule of which ids are ordinary tokens (the text's words and pieces): not one of
+    the dictionary's ``nspecial`` leading specials (``<s>`` = [CLS], ``<pad>``, ``</s>``,
+    ``<unk>``) and not ``<mask>``.  ``ids``: an int, or a torch / numpy array (elementwise)."""
+    return (ids >= nspecial) & (ids != mask_idx)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
+from .dictionary import is_ordinary
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -308,4 +310,4 @@ def fairseq_to_hf_from_record(rec: dict) -> List[int]:
 def word_start_table(symbols: Sequence[str], rec: dict, nspecial: int, mask_idx: int) -> List[bool]:
     """Per fairseq symbol: does it start a word (specials and <mask> stand alone)."""
     boundary = (rec["word_boundary"]["kind"], rec["word_boundary"]["marker"])
-    return [i < nspecial or i == mask_idx or starts_word(s, boundary) for i, s in enumerate(symbols)]
+    return [not is_ordinary(i, nspecial, mask_idx) or starts_word(s, boundary) for i, s in enumerate(symbols)]

@@ -1,0 +1,125 @@
+"""What an export writes for a retrieval representation, beside the encoder folder.
+
+``cls`` is built in: the sentence-transformers folder with [CLS] pooling, nothing more.
+Another representation's exporter registers itself with :func:`register` when its
+module is imported (DupMAE's: ``seed_fairseq/dupmae/export.py``) and is found
+without this package importing it, through the ``seed_fairseq.exporters`` entry
+points (``setup.py``; each names an :class:`Exporter` instance).
+
+``export.export`` asks the chosen exporter, in this order: :meth:`Exporter.refuse`
+(before anything is read), :meth:`Exporter.check` (its options, once the
+checkpoint is read), :meth:`Exporter.build` (once the encoder is verified; a
+:class:`Built` or None), then, in the staging folder, ``Built.save``, ``Built.card``
+and ``Built.verify`` (the written files, reloaded).
+"""
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+
+ENTRY_POINTS = "seed_fairseq.exporters"
+
+
+class ExportError(ValueError):
+    pass
+
+
+@dataclass
+class ExportJob:
+    """What the export has at hand once the encoder is verified equal to fairseq."""
+
+    checkpoint: Path
+    data: Path
+    state: dict
+    model_cfg: dict
+    dictionary: Any  # fairseq Dictionary
+    fs_model: Any
+    hf_model: Any
+    tokenizer: Any
+    texts: List[str]
+    max_len: int
+    atol: float
+    activation: str  # the HF name of the encoder's activation
+
+
+class Built(Protocol):
+    def save(self, folder: Path) -> None: ...
+
+    def card(self) -> str: ...
+
+    def verify(self, folder: Path) -> None: ...
+
+
+class Exporter:
+    """The built-in ``cls`` exporter (nothing beside the encoder folder); subclasses add files."""
+
+    name = "cls"
+    label = "[CLS]"  # in messages: "exports the [CLS] representation"
+    options: Mapping[str, str] = {}  # export() keyword -> its command-line flag
+
+    def refuse(self, with_lm_head: bool) -> Optional[str]:
+        """Why this representation cannot be exported with these settings (None: it can)."""
+        return None
+
+    def is_default(self, cfg: dict) -> bool:
+        """Is this the representation of a checkpoint trained with ``cfg`` (exported without the MLM head)?"""
+        return False
+
+    def check(self, checkpoint: Path, state: dict, model_cfg: dict, dictionary, options: Dict[str, Any]) -> dict:
+        """The options with their defaults; ValueError naming the option or the checkpoint file."""
+        return {}
+
+    def build(self, job: ExportJob, options: dict) -> Optional[Built]:
+        """The representation's files to write, checked against fairseq; ValueError if they cannot be built."""
+        return None
+
+
+CLS = Exporter()
+_REGISTRY: Dict[str, Exporter] = {CLS.name: CLS}
+_discovered = False
+
+
+def register(exporter: Exporter) -> Exporter:
+    _REGISTRY[exporter.name] = exporter
+    return exporter
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        found = ep.load()
+        if isinstance(found, Exporter):
+            register(found)
+
+
+def names() -> Tuple[str, ...]:
+    """Every exporter's name, ``cls`` first (``--representation``'s choices)."""
+    _discover()
+    return (CLS.name, *sorted(n for n in _REGISTRY if n != CLS.name))
+
+
+def get(name: str) -> Exporter:
+    """The exporter called ``name``; :class:`ExportError` naming the choices otherwise."""
+    if name not in _REGISTRY:
+        _discover()
+    if name not in _REGISTRY:
+        choices = names()
+        listed = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+        raise ExportError(f"--representation must be {listed}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def default_for(cfg: dict) -> Exporter:
+    """The representation a checkpoint trained with ``cfg`` declares (``cls`` unless another claims it)."""
+    _discover()
+    return next((e for n, e in sorted(_REGISTRY.items()) if n != CLS.name and e.is_default(cfg)), CLS)
+
+
+def owner_of(option: str) -> Optional[Exporter]:
+    """The exporter an ``export()`` keyword belongs to."""
+    _discover()
+    return next((e for n, e in sorted(_REGISTRY.items()) if option in e.options), None)
