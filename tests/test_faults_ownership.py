@@ -1,4 +1,4 @@
-"""Fault injection for the file-ownership rule every tool shares (seed_fairseq/fileio.py).
+"""Fault injection for the file-ownership rule every tool shares (seed_fairseq/fileio/ownership.py).
 
 A tool replaces or deletes exactly the files its own record lists, and nothing
 through a symbolic link: a user's notes or save-dir inside ``--out`` survive
@@ -135,7 +135,7 @@ def test_export_killed_half_way_is_completed_by_the_rerun(tmp_path, monkeypatch)
         raise KeyboardInterrupt  # between the claim and the deletions
 
     with monkeypatch.context() as m:
-        m.setattr(fileio, "delete_listed", killed)
+        m.setattr(fileio.ownership, "delete_listed", killed)
         with pytest.raises(KeyboardInterrupt):
             export(out, force=True)
     # the folder says it is the export's, unfinished, and what it owns
@@ -158,7 +158,7 @@ def test_export_full_disk_is_one_line_and_changes_nothing(tmp_path, monkeypatch)
     def full(staging, record, content):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(staging) / record))
 
-    monkeypatch.setattr(fileio, "write_output_record", full)  # what fileio.staged_dir writes the record with
+    monkeypatch.setattr(fileio.ownership, "write_output_record", full)  # what fileio.staged_dir writes with
     with pytest.raises(export_mod.ExportError) as e:
         export(out, force=True)
     assert str(e.value).startswith(f"{out / export_mod.EXPORT_RECORD}: {os.strerror(errno.ENOSPC)}")

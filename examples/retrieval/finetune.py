@@ -1,51 +1,7 @@
 #!/usr/bin/env python
-"""Fine-tune an exported encoder as a shared-weight dual encoder ([CLS], dot product).
-
-    python examples/retrieval/finetune.py --model HF_DIR --data DIR --split train --out OUT_DIR \\
-        [--negatives bm25|ance|none] [--loss mnrl|triplet] [--train-fraction F] [--eval-every N]
-
-* ``--negatives bm25`` (default): the paper's "DPR (BM25 Neg)": in-batch
-  negatives plus hard negatives sampled from the bm25s top-k of each query,
-  positives excluded.
-* ``--negatives ance``: ANCE-style rounds: encode the corpus with the current
-  model, mine hard negatives from a faiss top-k (positives excluded), train,
-  repeat (``--ance-rounds``).  Each round restarts the optimizer and the
-  linear schedule (warm-up only in the first round); the original ANCE
-  refreshes the index asynchronously instead, which needs a second GPU.
-* ``--loss mnrl`` (default): sentence-transformers' MultipleNegativesRankingLoss
-  with a raw dot product (scale 1), i.e. DPR's softmax over in-batch + hard
-  negatives.  ``--loss triplet``: the paper's Eq. (4.2)
-  ``relu(margin - (s(q,d+) - s(q,d-)))`` with s = dot product, via
-  TripletLoss with a negative-dot-product "distance".
-* ``--train-fraction F``: a deterministic subset of the training queries
-  (Figure 6c/d few-shot curves); nested fractions are nested subsets.
-* ``--eval-every N``: retrieval metrics on ``--dev-split`` at step 0, every
-  N steps counted within each epoch (sentence-transformers'
-  ``evaluation_steps``) and at every epoch end, appended as JSON lines
-  ``{"step", "MRR@10", "R@100", "nDCG@10"}`` to ``OUT/curve.jsonl`` (Figure 6a/b).
-* Hard negatives are documents not judged for the query.  A query with fewer
-  such documents than ``--num-negatives`` (tiny corpora) gets as many as exist,
-  with a note on stderr; batches only group examples with the same number of
-  texts, because MultipleNegativesRankingLoss stacks them column by column.
-  When no negative at all is possible (every document is judged for every
-  training query, e.g. a one-passage corpus) the run stops with an error that
-  names the data folder.
-* ``--representation dupmae`` (the default for a folder with DupMAE's head files):
-  the score is DupMAE's Eq. 12 (projected [CLS] dot + sparse dot over shared
-  vocabulary indices), trained with the same losses (Eq. 13: in-batch plus hard
-  negatives); the [CLS] projection and the vocabulary projection are trained
-  with the encoder and saved back beside it.
-* ``OUT`` is built under a temporary name beside it and renamed into place when
-  complete, with ``OUT/finetune.json`` as this tool's record (it lists the
-  files written).  A rerun into an earlier output needs ``--force`` and
-  replaces exactly the files that record lists: anything else in ``OUT`` (notes,
-  a save-dir) stays.  A non-empty folder without the record is refused.
-
-Training uses sentence-transformers' own loop (``SentenceTransformer.old_fit``:
-AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
-``SentenceTransformerTrainer``, which would add the ``datasets`` and
-``accelerate`` packages for no gain here.
-"""
+"""Fine-tune an exported encoder as a shared-weight dual encoder: the driver of
+``seed_fairseq.retrieval.training`` (its docstring, printed by ``--help``, says what
+every option does; docs/retrieval.md)."""
 
 import argparse
 import json
@@ -54,6 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from seed_fairseq.fileio import OutputError
+from seed_fairseq.retrieval import training
 from seed_fairseq.retrieval.cli import add_search_args, index_kwargs, report
 from seed_fairseq.retrieval.data import DataFormatError, load_data
 from seed_fairseq.retrieval.search import SearchError
@@ -61,7 +18,7 @@ from seed_fairseq.retrieval.training import CURVE_METRICS, FinetuneConfig, finet
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=training.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="exported HF / sentence-transformers folder to start from")
     p.add_argument("--data", required=True, help="BEIR or MS MARCO folder")
     p.add_argument("--split", default="train")

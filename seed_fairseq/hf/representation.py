@@ -14,9 +14,10 @@ and ``Built.verify`` (the written files, reloaded).
 """
 
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol
+
+from ..extensions import Extensions
 
 ENTRY_POINTS = "seed_fairseq.exporters"
 
@@ -76,50 +77,27 @@ class Exporter:
 
 
 CLS = Exporter()
-_REGISTRY: Dict[str, Exporter] = {CLS.name: CLS}
-_discovered = False
-
-
-def register(exporter: Exporter) -> Exporter:
-    _REGISTRY[exporter.name] = exporter
-    return exporter
-
-
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-        found = ep.load()
-        if isinstance(found, Exporter):
-            register(found)
-
-
-def names() -> Tuple[str, ...]:
-    """Every exporter's name, ``cls`` first (``--representation``'s choices)."""
-    _discover()
-    return (CLS.name, *sorted(n for n in _REGISTRY if n != CLS.name))
+_EXTENSIONS: Extensions[Exporter] = Extensions(ENTRY_POINTS, Exporter, CLS.name)
+register = _EXTENSIONS.register
+names = _EXTENSIONS.names
+register(CLS)
 
 
 def get(name: str) -> Exporter:
     """The exporter called ``name``; :class:`ExportError` naming the choices otherwise."""
-    if name not in _REGISTRY:
-        _discover()
-    if name not in _REGISTRY:
+    found = _EXTENSIONS.find(name)
+    if found is None:
         choices = names()
         listed = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
         raise ExportError(f"--representation must be {listed}, got {name!r}")
-    return _REGISTRY[name]
+    return found
 
 
 def default_for(cfg: dict) -> Exporter:
     """The representation a checkpoint trained with ``cfg`` declares (``cls`` unless another claims it)."""
-    _discover()
-    return next((e for n, e in sorted(_REGISTRY.items()) if n != CLS.name and e.is_default(cfg)), CLS)
+    return next((e for e in _EXTENSIONS.others() if e.is_default(cfg)), CLS)
 
 
 def owner_of(option: str) -> Optional[Exporter]:
     """The exporter an ``export()`` keyword belongs to."""
-    _discover()
-    return next((e for n, e in sorted(_REGISTRY.items()) if option in e.options), None)
+    return next((e for e in (CLS, *_EXTENSIONS.others()) if option in e.options), None)

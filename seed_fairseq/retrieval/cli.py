@@ -4,7 +4,7 @@ values which would hang or mislead, the search options, and the one-line error.
 The guarantees (docs/guarantees.md): bad input gives one line
 ``error: FILE: problem`` (``FILE:LINE:`` for data files) on stderr and exit
 status 2; outputs are written atomically and only replace what the tool's own
-record says it wrote (``seed_fairseq/fileio.py``).
+record says it wrote (``seed_fairseq/fileio/``).
 """
 
 import argparse

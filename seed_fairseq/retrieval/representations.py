@@ -9,9 +9,10 @@ entry points (``setup.py``; each names an object :func:`register` takes).
 """
 
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol
+
+from ..extensions import Extensions
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -48,45 +49,21 @@ class Representation:
     mark_finetuned: Callable[["SentenceTransformer", str], None] = lambda model, tool: None
 
 
-_REGISTRY: Dict[str, Representation] = {}
-_discovered = False
-
-
-def register(representation: Representation) -> Representation:
-    """Add ``representation`` (again: replaced); returns it."""
-    _REGISTRY[representation.name] = representation
-    return representation
-
-
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-        found = ep.load()
-        if isinstance(found, Representation):
-            register(found)
-
-
-def names() -> Tuple[str, ...]:
-    """Every representation's name, ``cls`` first (the ``--representation`` choices)."""
-    _discover()
-    return (BUILT_IN, *sorted(n for n in _REGISTRY if n != BUILT_IN))
+_EXTENSIONS: Extensions[Representation] = Extensions(ENTRY_POINTS, Representation, BUILT_IN)
+register = _EXTENSIONS.register
+names = _EXTENSIONS.names
 
 
 def get(name: str) -> Representation:
     """The representation called ``name``; ValueError naming the choices otherwise."""
-    if name not in _REGISTRY:
-        _discover()
-    if name not in _REGISTRY:
+    found = _EXTENSIONS.find(name)
+    if found is None:
         raise ValueError(f"representation must be one of {names()}, got {name!r}")
-    return _REGISTRY[name]
+    return found
 
 
 def _others():
-    _discover()
-    return [r for n, r in sorted(_REGISTRY.items()) if n != BUILT_IN]
+    return _EXTENSIONS.others()
 
 
 def of_folder(folder: Path) -> Representation:

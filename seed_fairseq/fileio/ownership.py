@@ -1,218 +1,29 @@
-"""File safety shared by every tool of the project: atomic writes that respect
-the umask, and output folders that a tool may only replace when its own record
-says it wrote them.
-
-The guarantees (docs/guarantees.md):
-
-* every file appears complete or not at all: it is written under a temporary
-  name in the same folder, flushed and fsync'ed, then renamed over the target;
-* files and folders get the permissions the user's umask gives (``tempfile``
-  creates 0600 files and 0700 folders; we chmod them before the rename);
-* a tool replaces or deletes an existing output only when the output carries
-  the tool's own record (a file it wrote and names, e.g. ``preprocess.json``),
-  and then only the files that record lists (:func:`delete_listed`,
-  :func:`staged_output`): a user's notes or a save-dir inside the folder stay;
-  anything else is refused with :class:`OutputError`;
-* nothing is deleted through a symbolic link: a listed path whose folders
-  include a link is refused before anything is deleted.
-"""
+"""Output folders a tool builds, records and replaces: exactly what its record lists (``seed_fairseq.fileio``)."""
 
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import signal
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
-PathLike = Union[str, os.PathLike]
-
-
-class OutputError(ValueError):
-    """An output location the tool must not write to; ``str()`` is ``PATH: problem``."""
-
-    def __init__(self, path: PathLike, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it where the OS allows."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    old = os.umask(0o022)  # not thread-safe; only where /proc is missing
-    os.umask(old)
-    return old
-
-
-def file_mode() -> int:
-    return 0o666 & ~current_umask()
-
-
-def dir_mode() -> int:
-    return 0o777 & ~current_umask()
-
-
-def fsync_dir(path: PathLike) -> None:
-    """Make a rename in ``path`` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def temp_path_beside(target: PathLike, suffix: str = "") -> Path:
-    """A new empty file next to ``target`` (same file system, so rename is atomic),
-    hidden, with umask permissions."""
-    target = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", suffix=suffix, dir=target.parent)
-    os.close(fd)
-    os.chmod(tmp, file_mode())
-    return Path(tmp)
-
-
-def temp_dir_beside(target: PathLike) -> Path:
-    target = Path(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    os.chmod(tmp, dir_mode())
-    return tmp
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-@contextlib.contextmanager
-def atomic_path(target: PathLike, suffix: str = "") -> Iterator[Path]:
-    """``with atomic_path(out) as tmp: write(tmp)`` -> ``out`` appears complete or not at all.
-
-    On an exception (or a kill) only a hidden temporary file is left behind,
-    which the ``with`` block removes when it can.
-    """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_beside(target, suffix)
-    try:
-        yield tmp
-        _fsync_file(tmp)
-        os.replace(tmp, target)
-        fsync_dir(target.parent)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_bytes_atomic(path: PathLike, data: bytes) -> Path:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-    return Path(path)
-
-
-def write_text_atomic(path: PathLike, text: str) -> Path:
-    return write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_json_atomic(path: PathLike, obj: Any) -> Path:
-    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def copy_atomic(src: PathLike, dst: PathLike) -> Path:
-    with atomic_path(dst) as tmp:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 16 << 20)
-    return Path(dst)
-
-
-HASH_CHUNK = 16 << 20
-
-
-def sha256_file(path: PathLike, chunk: int = HASH_CHUNK) -> str:
-    """The sha256 (hex) of the content of the file ``path``, read ``chunk`` bytes at a time.
-
-    An unreadable file raises the ``OSError`` of ``open`` or ``read``; callers
-    that report input errors wrap it (``preprocess.inputs``).
-    """
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check_output_dir(out: PathLike, record: str, tool: str, is_own: Optional[Callable[[Path], bool]] = None) -> bool:
-    """May ``tool`` write the folder ``out``?  Returns True when it already holds
-    an earlier output of the tool (identified by the file ``record`` in it, and
-    ``is_own(record_path)`` when given), False when it is missing or empty.
-    Raises :class:`OutputError` for a file, or a non-empty folder the tool did
-    not write: its contents are the user's and are never touched."""
-    out = Path(out)
-    if not out.exists():
-        if out.is_symlink():
-            raise OutputError(out, "is a broken symbolic link")
-        return False
-    if not out.is_dir():
-        raise OutputError(out, "exists and is not a folder")
-    rec = out / record
-    if rec.is_file() and (is_own is None or is_own(rec)):
-        return True
-    if any(out.iterdir()):
-        raise OutputError(
-            out,
-            f"folder is not empty and was not written by {tool} (no {record} in it); "
-            "refusing to write into it: choose a new or empty folder",
-        )
-    return False
-
-
-def chmod_tree(root: PathLike) -> None:
-    """Give ``root`` and everything under it the umask's permissions.
-
-    Libraries that write model folders (transformers' ``save_pretrained``,
-    sentence-transformers) create some files through private temporary files
-    with mode 0600 whatever the umask; the project promises umask permissions
-    for everything it writes.
-    """
-    root = Path(root)
-    for path in [root, *root.rglob("*")]:
-        if not path.is_symlink():
-            os.chmod(path, dir_mode() if path.is_dir() else file_mode())
-
-
-def check_parents(path: PathLike) -> None:
-    """:class:`OutputError` when the nearest existing ancestor of ``path`` is not a
-    folder (``--out file.txt/model``): refused up front instead of failing after the work."""
-    for parent in Path(path).absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise OutputError(parent, "exists and is not a folder")
-            return
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-
+from .atomic import (
+    OutputError,
+    PathLike,
+    _read_json,
+    check_parents,
+    chmod_tree,
+    file_mode,
+    fsync_dir,
+    temp_dir_beside,
+    write_json_atomic,
+)
+from .storage import storage_error
 
 # ---- deleting exactly what a record lists ---------------------------------------------------
 
@@ -266,59 +77,6 @@ def delete_listed(out: PathLike, rels: Iterable[str]) -> None:
     for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):
             parent.rmdir()  # only when empty
-
-
-# ---- full disk, quota, file-size limit ------------------------------------------------------
-
-# Errors of the machine rather than of the input: reported as one line naming the output.
-STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-def storage_error(exc: Optional[BaseException]) -> Optional[OSError]:
-    """The full-disk / quota / file-size-limit error behind ``exc``, or None.
-
-    Libraries wrap it: torch raises a RuntimeError whose context is the
-    OSError (when it writes through a Python file); safetensors and tokenizers
-    (Rust) keep only the OS error's text, ``... (os error 28)``.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
-            return exc
-        for code in STORAGE_ERRNOS:
-            if f"(os error {code})" in str(exc):
-                return OSError(code, os.strerror(code))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def storage_line(exc: BaseException) -> Optional[str]:
-    """``FILE: problem`` for a full disk, quota or file-size limit behind ``exc``
-    (:func:`storage_error`), for a tool's one ``error:`` line; None for anything else."""
-    err = storage_error(exc)
-    if err is None:
-        return None
-    hint = " (the file-size limit: ulimit -f)" if err.errno == errno.EFBIG else ""
-    where = f"{err.filename}: " if err.filename else ""
-    return f"{where}{err.strerror}{hint} while writing the output; free space or raise the limit, then run again"
-
-
-@contextlib.contextmanager
-def naming(path: PathLike) -> Iterator[None]:
-    """Name ``path`` in a full disk, quota or file-size limit error raised inside the block
-    without a file name (Python's ``write`` and ``flush`` raise them so).
-
-    For a block that writes the one file ``path``; not inside :func:`atomic_path`,
-    which may be nested in another one's block and could not tell whose write failed.
-    (``preprocess.errors.writing`` is this function.)
-    """
-    try:
-        yield
-    except OSError as e:
-        if e.errno in STORAGE_ERRNOS and not e.filename:
-            raise OSError(e.errno, e.strerror, str(path)) from e
-        raise
 
 
 # ---- output folders a tool builds and replaces ----------------------------------------------
