@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from objectives import TINY_ENCODER
+
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "seed_fairseq")
 DEMO_CORPUS = REPO / "examples" / "data" / "demo_corpus.txt"
@@ -59,20 +61,7 @@ def build_data_bin(text_file, out_dir, vocab_size=500, valid_docs=3, test_docs=2
     )
 
 
-TINY_MODEL_ARGS = [
-    "--arch",
-    "seed_encoder_tiny",
-    "--encoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "37",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-layers",
-    "2",
-]
+TINY_MODEL_ARGS = ["--arch", "seed_encoder_tiny", *TINY_ENCODER, "--decoder-layers", "2"]
 
 
 ADAM = [

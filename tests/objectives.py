@@ -11,17 +11,23 @@ from typing import List, Tuple
 
 from seed_fairseq.tasks.registry import registered_objectives
 
+
 # deliberately odd sizes: hidden 32, FFN 37, 2 heads
-TINY_ENCODER = [
-    "--encoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "37",
-    "--encoder-attention-heads",
-    "2",
-]
+def tiny_encoder(layers: int = 2) -> List[str]:
+    """The tests' encoder: hidden 32, FFN 37, 2 heads (deliberately odd sizes)."""
+    return [
+        "--encoder-layers",
+        str(layers),
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "37",
+        "--encoder-attention-heads",
+        "2",
+    ]
+
+
+TINY_ENCODER = tiny_encoder()
 
 
 @dataclass

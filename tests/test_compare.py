@@ -15,12 +15,13 @@ from dataclasses import replace
 
 import pytest
 from helpers import DEMO_CORPUS, REPO, check, load_driver
+from objectives import TINY_ENCODER
 
 from seed_fairseq.compare import cli
 from seed_fairseq.compare.objectives import OBJECTIVES, ORDER, PretrainSettings, objective_args, parse_objectives
 from seed_fairseq.compare.stats import aggregate_seeds, mean_std, paired_p, seed_mean_per_query
 
-TINY_ENC = "--encoder-layers 2 --encoder-embed-dim 32 --encoder-ffn-embed-dim 37 --encoder-attention-heads 2"
+TINY_ENC = " ".join(TINY_ENCODER)
 
 
 # ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli
+from objectives import TINY_ENCODER
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +21,7 @@ def data(tmp_path_factory):
 
 
 MODEL = ["--task", "seed_pretrain", "--criterion", "seed_pretrain", "--arch", "seed_encoder_tiny"]
-MODEL += ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37"]
-MODEL += ["--encoder-attention-heads", "2", "--decoder-layers", "2", "--tokens-per-sample", "48"]
+MODEL += [*TINY_ENCODER, "--decoder-layers", "2", "--tokens-per-sample", "48"]
 MODEL += ["--sample-break-mode", "none"]
 
 

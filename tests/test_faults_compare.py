@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import DEMO_CORPUS, REPO
+from objectives import TINY_ENCODER
 
 from seed_fairseq.compare import cli
 from seed_fairseq.compare.heldout import count_blocks, first_batch_blocks
@@ -33,7 +34,7 @@ from seed_fairseq.compare.interrupt import GRACE_SECONDS
 from seed_fairseq.compare.pipeline import Comparison, StageError, claim_out
 from seed_fairseq.retrieval.data import split_sentences
 
-TINY_ENC = "--encoder-layers 2 --encoder-embed-dim 32 --encoder-ffn-embed-dim 37 --encoder-attention-heads 2"
+TINY_ENC = " ".join(TINY_ENCODER)
 TINY = [
     "--objectives", "mlm", "--vocab-size", "400", "--tokens-per-sample", "48", "--batch-size", "8",
     "--probe-size", "16", "--validate-every", "2", "--encoder-args", TINY_ENC, "--max-seq-length", "48",

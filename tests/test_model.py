@@ -4,6 +4,7 @@ receptive fields, half precision, and clear errors."""
 import pytest
 import torch
 from conftest import build_task_model
+from objectives import tiny_encoder
 
 from seed_fairseq.models.seed_encoder import SeedEncoderModel, cls_memory
 from seed_fairseq.modules.windowed_decoder import (
@@ -219,14 +220,7 @@ def test_full_window_is_plain_causal_attention(odd_dict_dir):
         arch_args=[
             "--arch",
             "weak_decoder_full",
-            "--encoder-layers",
-            "1",
-            "--encoder-embed-dim",
-            "32",
-            "--encoder-ffn-embed-dim",
-            "37",
-            "--encoder-attention-heads",
-            "2",
+            *tiny_encoder(layers=1),
             "--decoder-layers",
             "2",
         ],
@@ -315,14 +309,7 @@ def test_mlm_only_arch_has_no_decoder(odd_dict_dir):
         arch_args=[
             "--arch",
             "seed_encoder_mlm_only",
-            "--encoder-layers",
-            "1",
-            "--encoder-embed-dim",
-            "32",
-            "--encoder-ffn-embed-dim",
-            "37",
-            "--encoder-attention-heads",
-            "2",
+            *tiny_encoder(layers=1),
         ],
     )
     assert model.weak_decoder is None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+from objectives import tiny_encoder
 
 from preprocess import build as build_mod
 from preprocess.encode import cut_pieces
@@ -28,14 +29,7 @@ WIKI_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "enwiki-
 BIN = Path(sys.executable).parent
 MARKUP = ("[[", "]]", "{{", "}}", "<ref", "|}")
 TINY_TRAIN = [
-    "--encoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "37",
-    "--encoder-attention-heads",
-    "2",
+    *tiny_encoder(layers=1),
     "--tokens-per-sample",
     "64",
     "--max-positions",

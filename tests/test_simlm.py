@@ -12,23 +12,13 @@ import numpy as np
 import pytest
 import torch
 from helpers import USER_DIR, check, cli, run
+from objectives import TINY_ENCODER
 
 from seed_fairseq.checkpoint import CheckpointError
 from seed_fairseq.data.replaced_lm_dataset import ReplacedLMNoiseDataset
 from seed_fairseq.generator import FrozenGenerator, inverse_cdf_sample, uniform_from_noise
 
-TINY = [
-    "--arch",
-    "simlm_tiny",
-    "--encoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "37",
-    "--encoder-attention-heads",
-    "2",
-]
+TINY = ["--arch", "simlm_tiny", *TINY_ENCODER]
 SGD = ["--optimizer", "sgd", "--lr", "0.5", "--lr-scheduler", "fixed", "--dropout", "0", "--attention-dropout", "0"]
 
 
