@@ -5,7 +5,9 @@
         --data data-bin --out seed-encoder-hf [--mlm-head] [--force] [--trust-checkpoint]
 
 ``--data`` is the folder written by ``python -m preprocess.build`` (dict.txt,
-spm.model, preprocess.json).  The output loads offline with
+spm.model, preprocess.json) or by ``examples/import_from_hf.py``; without it, the
+checkpoint's own folder when it holds dict.txt (an import folder exports as is:
+``--checkpoint IMPORT/checkpoint.pt`` alone).  The output loads offline with
 ``AutoModel``/``AutoTokenizer``/``SentenceTransformer`` and was checked equal to
 fairseq (token ids, and outputs to --atol) before it was written.  A DupMAE
 checkpoint also gets DupMAE's retrieval representation (``--representation``,
@@ -15,6 +17,7 @@ checkpoint also gets DupMAE's retrieval representation (``--representation``,
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from seed_fairseq.hf import representation
 from seed_fairseq.hf.export import ExportError, export
@@ -24,7 +27,12 @@ def main(argv=None):
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="seed_pretrain checkpoint or encoder-only checkpoint")
-    p.add_argument("--data", required=True, help="folder with dict.txt, spm.model and preprocess.json")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="folder with dict.txt and spm.model + preprocess.json (preprocess.build) or tokenizer/ (an import). "
+        "Default: the checkpoint's folder if it holds dict.txt (an import folder)",
+    )
     p.add_argument("--out", required=True, help="output folder (missing, empty, or an earlier export)")
     p.add_argument("--mlm-head", action="store_true", help="export XLMRobertaForMaskedLM with the MLM head")
     p.add_argument(
@@ -62,10 +70,16 @@ def main(argv=None):
         "you trust.  Without it a checkpoint holding anything but the types fairseq checkpoints hold is refused",
     )
     args = p.parse_args(argv)
+    data = args.data
+    if data is None:
+        data = Path(args.checkpoint).parent
+        if not (data / "dict.txt").is_file():
+            p.error(f"--data is needed: {data} has no dict.txt (give the folder written by python -m preprocess.build)")
+        print(f"note: --data {data} (the checkpoint's folder)", file=sys.stderr)
     try:
         export(
             args.checkpoint,
-            args.data,
+            data,
             args.out,
             force=args.force,
             with_lm_head=args.mlm_head,

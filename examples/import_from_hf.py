@@ -9,9 +9,10 @@ ids), DIR/tokenizer/ (its tokenizer) and DIR/model_args.txt; then
     python -m preprocess.build --text corpus.txt --tokenizer DIR/tokenizer --out data-bin
     fairseq-train data-bin --user-dir seed_fairseq --task seed_pretrain --criterion seed_pretrain \\
         --arch seed_encoder_base $(cat DIR/model_args.txt) \\
-        --restore-file DIR/checkpoint.pt --reset-optimizer --reset-dataloader --reset-meters ...
+        --finetune-from-model DIR/checkpoint.pt ...
 
-continues pre-training it (decoder/heads freshly initialised).  Nothing is
+continues pre-training it with any objective (decoder/heads freshly initialised; a rerun
+resumes from the run's own checkpoint_last.pt; docs/hf.md).  Nothing is
 written unless fairseq's outputs equal the HF model's (features, and MLM
 logits when the model has an MLM head) to --atol, both in float32: a model
 stored in fp16 or bf16 is imported as float32 (the record's source_dtype says

@@ -162,7 +162,12 @@ class StageBodies:
         sample = d / "spm_sample.txt"
         with writing(sample), atomic_path(sample) as tmp:
             kept = vocab.systematic_sample(train_files, train_lines, self.opts.spm_sample_sentences, tmp)
-        logger.info("training sentencepiece BPE (%d pieces) on %d lines", self.opts.vocab_size, kept)
+        logger.info(
+            "training sentencepiece BPE (%d pieces) on %d train lines (of %d; --spm-sample-sentences)",
+            self.opts.vocab_size,
+            kept,
+            train_lines,
+        )
         model = vocab.train_spm(
             sample,
             self.opts.vocab_size,
@@ -251,7 +256,9 @@ class StageBodies:
                         write_json_atomic(stats, counts[name])
         cut = sum(c["lines_cut"] for c in counts.values())
         added = sum(c["chunks_added"] for c in counts.values())
-        lines = sum(c["input_lines"] for c in counts.values())
+        # the extract's count: the split files' text lines, without the empty line between two
+        # documents (``input_lines`` counts those too, and only text lines can be cut)
+        lines = sum(splits[name]["lines"] for name in names)
         if max_pieces:
             logger.info(
                 "encode: %d of %d lines were longer than --max-line-pieces %d pieces and were "

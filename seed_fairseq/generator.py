@@ -98,6 +98,7 @@ class FrozenGenerator:
                 "RoBERTa-style masked LM with its MLM head, e.g. a checkpoint of --arch seed_encoder_mlm_only",
             )
         cls._check_dictionary(state, path, task)
+        cls._check_trained_head(state, path)
         try:
             model = models.build_model(cfg.model, task)
             model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
@@ -116,6 +117,20 @@ class FrozenGenerator:
         n_params = sum(p.numel() for p in model.parameters())
         logger.info(f"generator: {path} ({name}, {n_params} parameters, sha256 {sha[:12]}...), frozen")
         return cls(model, path, sha, banned, task.mask_idx)
+
+    @staticmethod
+    def _check_trained_head(state: dict, path: str) -> None:
+        """An import of a HuggingFace model saved without its MLM head (``import_from_hf.py``
+        records ``mlm_head: fresh``) has a random head: its samples would be noise."""
+        source = (state.get("extra_state") or {}).get("seed_fairseq") or {}
+        if source.get("source") == "import_from_hf" and source.get("mlm_head") == "fresh":
+            raise CheckpointError(
+                path,
+                "--generator-path: an import whose MLM head is freshly initialised (the HuggingFace model "
+                f"{source.get('model', '')} has none); its samples would be random tokens. Train the head first "
+                "(continue the import with --arch seed_encoder_mlm_only, then pass that checkpoint) or import "
+                "the model with its MLM head (a *ForMaskedLM folder); see docs/hf.md",
+            )
 
     @staticmethod
     def _check_dictionary(state: dict, path: str, task) -> None:

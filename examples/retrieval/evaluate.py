@@ -23,7 +23,7 @@ from seed_fairseq.retrieval.cli import add_search_args, index_kwargs, positive_i
 from seed_fairseq.retrieval.data import DataFormatError, load_data
 from seed_fairseq.retrieval.evaluate import evaluate_model
 from seed_fairseq.retrieval.metrics import check_run_output, write_trec_run
-from seed_fairseq.retrieval.search import SearchError, load_model
+from seed_fairseq.retrieval.search import SearchError, length_source, load_model
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -41,6 +41,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_run_output(args.run)  # before encoding anything: a bad --run costs nothing
         data = load_data(args.data, args.split)
         model = load_model(args.model, args.device, args.max_seq_length, args.representation, args.sparse_top_k)
+        print(length_source(model, args.max_seq_length), file=sys.stderr)
         metrics, run = evaluate_model(
             model,
             data,

@@ -15,6 +15,8 @@ inside its ``install`` function, so no module here needs the plugin first.
 6. ``clean_exit``: no abort at shutdown from fairseq's prefetching thread.
 7. ``save_dir_lock``: one run per save-dir, a killed run's debris removed.
 8. ``user_errors``: ``error: FILE: problem`` and status 2, not a traceback.
+9. ``quiet_warnings``: the known-harmless hydra/torch/autocast warnings of a CPU run
+   filtered by message and category (no fairseq attribute: not in the table).
 
 Every fairseq attribute replaced is one row of :data:`PATCHES`;
 ``tests/test_fairseq_patches.py`` checks that each target still exists in the
@@ -35,6 +37,7 @@ from . import (
     atomic_checkpoints,
     checkpoint_loading,
     clean_exit,
+    quiet_warnings,
     restarts,
     torchrun_cpu,
     user_errors,
@@ -146,7 +149,8 @@ PATCHES: Tuple[Patch, ...] = (
 
 
 def apply() -> None:
-    """Install every patch of :data:`PATCHES`, in order (idempotent)."""
+    """Install every patch of :data:`PATCHES`, in order, and the warning filters (idempotent)."""
+    quiet_warnings.install()
     done = []
     for patch in PATCHES:
         if patch.install not in done:

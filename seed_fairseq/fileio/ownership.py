@@ -193,6 +193,39 @@ def _lock_file(fd: int, wait: bool) -> bool:
     return True
 
 
+# the signals that unwind a tool (SIGINT: KeyboardInterrupt; SIGTERM: _sigterm_unwinds)
+_UNWINDING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait while a staging folder is created or removed, and take effect on
+    leaving (the handler they would have run, run then).  Their exception would otherwise land
+    between the ``mkdir`` and the ``try`` that removes the folder, or inside that removal, and leave
+    an empty ``.OUT.tmp-*`` folder: a real SIGTERM to ``finetune.py`` did, 2 times out of 5, in
+    ``temp_dir_beside``.  Blocking the signals (``pthread_sigmask``) is not enough: Python runs the
+    handler of a signal that arrived just before later, at any bytecode; so the handlers themselves
+    are swapped (main thread only: the only one where Python runs handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: List[int] = []
+    before = {}
+    try:
+        for signum in _UNWINDING_SIGNALS:
+            before[signum] = signal.signal(signum, lambda n, frame: caught.append(n))
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(caught):
+            handler = before.get(signum)
+            if callable(handler):
+                handler(signum, None)  # raises: KeyboardInterrupt, SystemExit (_exit_on_sigterm)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)  # what it would have done
+
+
 @contextlib.contextmanager
 def _staging_dir(out: Path, tool: str) -> Iterator[Path]:
     """A new ``.OUT.tmp-*`` folder beside ``out``, removed on leaving.
@@ -200,19 +233,24 @@ def _staging_dir(out: Path, tool: str) -> Iterator[Path]:
     Its first file is a mark naming ``tool``, locked for as long as the tool
     runs (a lock dies with its process, even on ``kill -9``): what
     :func:`remove_stale_staging` needs to prove a folder left behind is the
-    tool's debris.  The lock is taken before the mark names anyone.
+    tool's debris.  The lock is taken before the mark names anyone.  Ctrl-C and
+    SIGTERM wait while the folder and its mark are made and while it is removed
+    (:func:`_signals_held`), so an interrupted tool leaves nothing.
     """
-    staging = temp_dir_beside(out)
-    fd = None
+    staging, fd = None, None
     try:
-        fd = os.open(staging / STAGING_MARK, os.O_CREAT | os.O_EXCL | os.O_RDWR, file_mode())
+        with _signals_held():
+            staging = temp_dir_beside(out)
+            fd = os.open(staging / STAGING_MARK, os.O_CREAT | os.O_EXCL | os.O_RDWR, file_mode())
         _lock_file(fd, wait=True)
         os.write(fd, json.dumps({"tool": tool, "pid": os.getpid()}).encode())
         yield staging
     finally:
-        shutil.rmtree(staging, ignore_errors=True)  # after an install: the emptied folders only
-        if fd is not None:
-            os.close(fd)
+        with _signals_held():
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)  # after an install: the emptied folders only
+            if fd is not None:
+                os.close(fd)
 
 
 def remove_stale_staging(out: PathLike, tool: str) -> None:

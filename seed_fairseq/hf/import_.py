@@ -2,8 +2,8 @@
 
     OUT/checkpoint.pt        fairseq checkpoint of the plugin's encoder (``seed_encoder``
                              without decoder; the MLM head when the HF model has one);
-                             ``fairseq-train --restore-file OUT/checkpoint.pt --reset-optimizer
-                             --reset-dataloader --reset-meters`` continues it with any objective
+                             ``fairseq-train --finetune-from-model OUT/checkpoint.pt``
+                             continues it with any objective (docs/hf.md)
     OUT/dict.txt             the model's own vocabulary in its own id order (vocabulary/tokenizer.py)
     OUT/hf_tokenizer.json    the id mapping and word-boundary convention
     OUT/tokenizer/           the model's tokenizer (what preprocess.build --tokenizer and the

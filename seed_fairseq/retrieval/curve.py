@@ -1,8 +1,9 @@
-"""The dev curve of fine-tuning (``--eval-every``): retrieval metrics during training,
-appended to ``OUT/curve.jsonl`` (Figure 6a/b)."""
+"""Watching fine-tuning: the dev curve (``--eval-every``: retrieval metrics during training,
+appended to ``OUT/curve.jsonl``, Figure 6a/b) and the progress lines on stderr."""
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
@@ -11,9 +12,57 @@ from .data import RetrievalData
 from .evaluate import evaluate_model
 
 if TYPE_CHECKING:
+    import torch
     from sentence_transformers import SentenceTransformer
+    from torch.utils.hooks import RemovableHandle
 
 CURVE_METRICS = ("MRR@10", "R@100", "nDCG@10")
+PROGRESS_SECONDS = 30.0  # a progress line at least this often (and at the first and last step)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class ProgressLog:
+    """Progress lines on stderr during ``old_fit`` (step, mean loss, rate, ETA), whether or not
+    the progress bar is shown (``--no-progress`` turns off the bar only): one at the first step,
+    then one every ``every`` seconds, and one at the last step of each round.
+
+    It is a forward hook on the loss module (each forward is one training step), so the loss
+    sentence-transformers trains, and the model card it writes, stay the loss itself.
+    """
+
+    def __init__(self, every: float = PROGRESS_SECONDS, stream=None):
+        self.every, self.stream = every, stream
+
+    def watch(self, loss: "torch.nn.Module", steps: int, round_: int = 0, rounds: int = 1) -> "RemovableHandle":
+        """Hook ``loss`` for a round of ``steps`` steps; returns the handle (``.remove()`` it)."""
+        start = last = time.monotonic()
+        state = {"step": 0, "sum": 0.0, "n": 0}
+        where = f" (round {round_ + 1}/{rounds})" if rounds > 1 else ""
+
+        def hook(module, inputs, output) -> None:
+            nonlocal last
+            state["step"] += 1
+            state["sum"] += float(output.detach())
+            state["n"] += 1
+            step, now = state["step"], time.monotonic()
+            if step == 1 or step >= steps or now - last >= self.every:
+                rate = step / max(now - start, 1e-9)
+                eta = (steps - step) / rate
+                print(
+                    f"[train] step {step}/{steps}{where} loss {state['sum'] / state['n']:.4f} "
+                    f"{rate:.2f} steps/s elapsed {_duration(now - start)} ETA {_duration(eta)}",
+                    file=self.stream or sys.stderr,
+                    flush=True,
+                )
+                last, state["sum"], state["n"] = now, 0.0, 0
+
+        return loss.register_forward_hook(hook)
 
 
 class CurveEvaluator:

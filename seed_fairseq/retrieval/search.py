@@ -208,6 +208,12 @@ def length_order(model: "SentenceTransformer", texts: Sequence[str]) -> np.ndarr
     model's own (fast) tokenizer in one batch call, truncated like the model
     truncates; sentence-transformers sorts by characters, a rougher proxy.
     """
+    return np.argsort(-token_lengths(model, texts)[0], kind="stable")
+
+
+def token_lengths(model: "SentenceTransformer", texts: Sequence[str]) -> Tuple[np.ndarray, bool]:
+    """(token count of each text, cut at ``model.max_seq_length``; True if they are tokens,
+    False if the tokenizer failed and they are character counts)."""
     tokenizer = getattr(model, "tokenizer", None)
     try:
         ids = tokenizer(
@@ -217,10 +223,30 @@ def length_order(model: "SentenceTransformer", texts: Sequence[str]) -> np.ndarr
             return_attention_mask=False,
             return_token_type_ids=False,
         )["input_ids"]
-        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(texts))
+        return np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(texts)), True
     except (TypeError, KeyError, AttributeError, ValueError):
-        lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    return np.argsort(-lengths, kind="stable")
+        return np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)), False
+
+
+def length_source(model: "SentenceTransformer", requested: Optional[int]) -> str:
+    """One line: the sequence length texts are cut at, and why (for the drivers' stderr)."""
+    why = "--max-seq-length" if requested else "the model's max_seq_length; --max-seq-length N changes it"
+    if requested and model.max_seq_length != requested:
+        why = f"--max-seq-length {requested}, capped at the model's positions"
+    return (
+        f"note: texts are cut at {model.max_seq_length} tokens ({why}); a batch is padded to its longest text, "
+        "so a lower limit is faster only when it cuts texts"
+    )
+
+
+def length_note(desc: str, lengths: np.ndarray, limit: Optional[int]) -> str:
+    """One line: how long the encoded texts are against the limit they are cut at."""
+    cut = int((lengths >= limit).sum()) if limit else 0
+    longest = int(lengths.max()) if len(lengths) else 0
+    return (
+        f"note: {desc}: {len(lengths)} texts, longest {longest}{'+' if cut else ''} tokens, "
+        f"{cut} cut at the {limit}-token limit"
+    )
 
 
 def _features(model, texts: List[str]) -> dict:
@@ -257,7 +283,12 @@ def encode(
     from tqdm import tqdm
 
     runner = quantized_int8(model) if precision == "int8" else model
-    order = length_order(model, texts) if sort_by_length else np.arange(len(texts))
+    order = np.arange(len(texts))
+    if sort_by_length:
+        lengths, are_tokens = token_lengths(model, texts)
+        order = np.argsort(-lengths, kind="stable")
+        if show_progress and are_tokens:  # beside the progress bar: what the encoding costs
+            print(length_note(desc, lengths, model.max_seq_length), file=sys.stderr)
     was_training = model.training
     model.eval()
     try:

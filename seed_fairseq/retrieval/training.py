@@ -49,6 +49,7 @@ AdamW, linear warm-up/decay, gradient clipping, AMP on CUDA) rather than
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -66,10 +67,10 @@ from .batching import (
     sample_negatives,  # noqa: F401  (its 0.2 import path)
 )
 from .config import FinetuneConfig
-from .curve import CURVE_METRICS, CurveEvaluator  # noqa: F401  (CURVE_METRICS: its 0.2 import path)
+from .curve import CURVE_METRICS, CurveEvaluator, ProgressLog  # noqa: F401  (CURVE_METRICS: its 0.2 import path)
 from .data import DataFormatError, RetrievalData, subsample
 from .negatives import mine_bm25, mine_dense
-from .search import load_model
+from .search import length_source, load_model
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -140,21 +141,25 @@ def finetune(
             evaluator.round, evaluator.offset, evaluator.steps_per_epoch = r, total_steps, len(loader)
             if r == 0:
                 evaluator.evaluate_at(model, 0)
-        model.old_fit(
-            train_objectives=[(loader, loss)],
-            evaluator=evaluator,
-            epochs=cfg.epochs,
-            evaluation_steps=cfg.eval_every,
-            scheduler="WarmupLinear",
-            warmup_steps=int(cfg.warmup_ratio * steps) if r == 0 else 0,
-            optimizer_params={"lr": cfg.lr},
-            weight_decay=cfg.weight_decay,
-            max_grad_norm=cfg.max_grad_norm,
-            use_amp=use_amp,
-            show_progress_bar=cfg.show_progress,
-            output_path=None,
-            save_best_model=False,
-        )
+        watching = ProgressLog().watch(loss, steps, r, rounds)
+        try:
+            model.old_fit(
+                train_objectives=[(loader, loss)],
+                evaluator=evaluator,
+                epochs=cfg.epochs,
+                evaluation_steps=cfg.eval_every,
+                scheduler="WarmupLinear",
+                warmup_steps=int(cfg.warmup_ratio * steps) if r == 0 else 0,
+                optimizer_params={"lr": cfg.lr},
+                weight_decay=cfg.weight_decay,
+                max_grad_norm=cfg.max_grad_norm,
+                use_amp=use_amp,
+                show_progress_bar=cfg.show_progress,
+                output_path=None,
+                save_best_model=False,
+            )
+        finally:
+            watching.remove()
         total_steps += steps
     return {
         "train_queries": len(qids),
@@ -216,6 +221,7 @@ def finetune_to_folder(
     qids = [q for q in train.query_ids() if train.positives(q)]
     check_training_data(train, cfg, subsample(qids, cfg.train_fraction, cfg.seed) if qids else qids, log=False)
     model = load_model(model_path, device, max_seq_length, representation, sparse_top_k)
+    print(length_source(model, max_seq_length), file=sys.stderr)
     created = _make_parents(out.parent)
     try:
         with staged_dir(out, RECORD, OUT_TOOL, replace=force, is_own=is_finetune_record) as (staging, record):
