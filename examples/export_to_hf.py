@@ -72,6 +72,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     data = args.data
     if data is None:
+        if not Path(args.checkpoint).is_file():
+            p.error(f"--checkpoint {args.checkpoint}: not found")
         data = Path(args.checkpoint).parent
         if not (data / "dict.txt").is_file():
             p.error(f"--data is needed: {data} has no dict.txt (give the folder written by python -m preprocess.build)")

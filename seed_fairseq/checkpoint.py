@@ -183,7 +183,9 @@ def load_torch_file(
     trust = _trusted.get() if trust is None else trust
     extra = {"mmap": True} if mmap else {}
     if trust:
-        return torch.load(f, map_location=map_location, weights_only=False, **extra)
+        # Trusted file: reached only when the user passed --trust-checkpoint for this run or
+        # tool (``trusting``), i.e. vouched for the file; the default is the allowlist below.
+        return torch.load(f, map_location=map_location, weights_only=False, **extra)  # trusted by the user
     try:
         with torch.serialization.safe_globals(_ALLOWED):
             return torch.load(f, map_location=map_location, weights_only=True, **extra)

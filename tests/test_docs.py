@@ -47,8 +47,8 @@ def markdown_files(root=REPO):
     return found
 
 
-def prose_lines(text):
-    """(line number, line) outside fenced code blocks, with inline code spans blanked to ``code``."""
+def outside_fences(text):
+    """(line number, line) of the lines outside fenced code blocks."""
     fence = None
     for number, line in enumerate(text.splitlines(), 1):
         m = FENCE.match(line)
@@ -59,7 +59,13 @@ def prose_lines(text):
                 fence = None
             continue
         if fence is None:
-            yield number, CODE_SPAN.sub("code", line)
+            yield number, line
+
+
+def prose_lines(text):
+    """(line number, line) outside fenced code blocks, with inline code spans blanked to ``code``."""
+    for number, line in outside_fences(text):
+        yield number, CODE_SPAN.sub("code", line)
 
 
 def slug(heading):
@@ -75,17 +81,7 @@ def anchors(path):
     """Every anchor of a Markdown file: heading slugs (a repeated slug gets -1, -2, ...) and HTML anchors."""
     seen = {}
     found = set()
-    fence = None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        m = FENCE.match(line)
-        if m:
-            if fence is None:
-                fence = m.group(1)
-            elif line.strip().startswith(fence):
-                fence = None
-            continue
-        if fence is not None:
-            continue
+    for _, line in outside_fences(path.read_text(encoding="utf-8")):
         found.update(HTML_ANCHOR.findall(line))
         m = HEADING.match(line)
         if m:

@@ -176,6 +176,13 @@ def test_the_checks_catch_a_cycle_and_an_upward_import():
     assert rank("seed_fairseq.fileio") < rank("seed_fairseq.models.bottleneck") < rank("seed_fairseq.compare.cli")
 
 
+def fresh_python(code: str) -> str:
+    """stdout of ``code`` in a fresh interpreter (nothing imported yet); its stderr tail on failure."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
 def library_modules() -> List[str]:
     return sorted(
         name
@@ -200,9 +207,7 @@ def test_libraries_import_without_fairseq(chunk):
         "        bad.append((n, hit)); break\n"
         "print(bad)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    assert fresh_python(code) == "[]"
 
 
 def test_fairseq_after_the_package_registers_the_plugin():
@@ -219,8 +224,7 @@ def test_fairseq_after_the_package_registers_the_plugin():
         "assert not logging.getLogger().handlers\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert fresh_python(code) == "ok"
 
 
 @pytest.mark.parametrize(
@@ -236,8 +240,7 @@ def test_importing_one_plugin_module_first_registers_everything(first):
         "assert 'simlm_pretrain' in TASK_REGISTRY and 'seed_pretrain' in CRITERION_REGISTRY\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert fresh_python(code) == "ok"
 
 
 def test_no_sys_path_edits():

@@ -56,7 +56,7 @@ def _broadcast_load(f, map_location=None):
     # torch.save'd (broadcast_object): objects in memory, e.g. a checkpoint rank 0
     # loaded through _checkpoint_file_load, whose config is an OmegaConf object
     # by then.  Not a file from elsewhere: the full unpickler.
-    return torch.load(f, map_location=map_location, weights_only=False)
+    return torch.load(f, map_location=map_location, weights_only=False)  # trusted: our own rank 0's bytes
 
 
 def _load_checkpoint_with_run_trust(cfg, trainer, **passthrough_args):

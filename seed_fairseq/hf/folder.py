@@ -163,7 +163,7 @@ def _load_file(path: Path) -> Dict[str, torch.Tensor]:
             return load_file(str(path))
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch's message is a page of advice, ending in "re-run with weights_only=False"
+        # torch's message is a page of advice ending in a suggestion to turn the allowlist off; say it in one line
         name = refused_type(str(e))
         if name is None:
             raise HFFolderError(path, f"cannot read the weights ({unpickler_reason(str(e))})") from None
