@@ -6,23 +6,48 @@
 LOG is what ``fairseq-train --log-format json`` printed (its stdout/stderr saved to
 a file, or ``--log-file``): every ``| valid |`` line is read.  Panels: the
 validation losses, bits through [CLS] per bottleneck term (``<term>_cls_bits_seq``,
-bits per sequence), the mean [CLS] cosine (anisotropy) and, when the run had
-``--retrieval-probe-size``, the probe's MRR@10.  Needs matplotlib
-(``pip install matplotlib``, or the ``plot`` extra).
+bits per sequence), the mean [CLS] cosine (anisotropy), when the run had
+``--retrieval-probe-size``, the probe's MRR@10 and, when it had ``--retrieval-dev``, the
+dev set's nDCG@10 and MRR@10.  The starting model's scores (the task's line
+``retrieval at update 0 (the starting model...): ...``) are the point at update 0 of these
+panels and a dotted line across them.  Needs matplotlib (``pip install matplotlib``, or
+the ``plot`` extra).
 """
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List
 
 TAG = "| valid | "
+# what BottleneckPretrainTask.log_start logs (seed_fairseq.diagnostics.start_line)
+START = re.compile(r"retrieval at update 0 \(the starting model[^)]*\): (.*)$")
+
+
+def start_row(line: str) -> Dict[str, float]:
+    """The starting model's scores of a ``retrieval at update 0`` line, as a row at update 0
+    marked ``start`` (empty for any other line)."""
+    match = START.search(line)
+    if not match:
+        return {}
+    row = {"num_updates": 0.0, "start": 1.0}
+    for part in match.group(1).split(" | "):
+        name, _, value = part.strip().partition(" ")
+        try:
+            row[name] = float(value)
+        except ValueError:
+            pass
+    return row
 
 
 def read_valid(path: Path) -> List[Dict[str, float]]:
+    """The ``| valid |`` records of a log, after the starting model's row (the first one)."""
     rows = []
+    start = {}
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        start = start or start_row(line)
         if TAG not in line:
             continue
         rec = json.loads(line.split(TAG, 1)[1])
@@ -35,7 +60,7 @@ def read_valid(path: Path) -> List[Dict[str, float]]:
         rows.append(row)
     if not rows:
         raise SystemExit(f"error: {path}: no '| valid |' lines (train with --log-format json and validation on)")
-    return rows
+    return [start] + rows if start else rows
 
 
 def main(argv=None) -> int:
@@ -60,6 +85,8 @@ def main(argv=None) -> int:
         ("mean [CLS] cosine (anisotropy)", lambda k: k == "cls_cosine"),
         ("retrieval probe MRR@10", lambda k: k == "probe_mrr10"),
     ]
+    if any("dev_ndcg10" in r for _, rows in runs for r in rows):
+        panels.append(("--retrieval-dev (zero-shot)", lambda k: k in ("dev_ndcg10", "dev_mrr10")))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
     for ax, (title, wanted) in zip(axes, panels):
         for i, (label, rows) in enumerate(runs):
@@ -70,6 +97,9 @@ def main(argv=None) -> int:
                 name = label if len(keys) == 1 else f"{label}: {key}"
                 ax.plot(xs, ys, marker="o", markersize=2.5, linewidth=1.2, color=f"C{i}", label=name,
                         linestyle="-" if key == keys[0] else "--")  # fmt: skip
+                start = [r[key] for r in rows if r.get("start") and key in r]
+                if start:  # the starting model: above the line the run helped, below it hurt
+                    ax.axhline(start[0], color=f"C{i}", linestyle=":", linewidth=0.8)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("updates", fontsize=8)
         ax.tick_params(labelsize=7)

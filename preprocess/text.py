@@ -1,60 +1,19 @@
 """Text normalisation and the plain-text readers (BookCorpus-style dirs, ready corpora).
 
-``normalize_line`` is the single definition of the normalisation recorded in
-``preprocess.json``; anything that tokenizes raw text for this model (HF export,
-downstream encoding) must apply it before the sentencepiece model, because the
-model itself is trained with sentencepiece's ``identity`` normalizer.
+``normalize_line`` (defined in ``seed_fairseq.vocabulary.text``, recorded under this name)
+is the single definition of the normalisation recorded in ``preprocess.json``; anything
+that tokenizes raw text for this model (HF export, downstream encoding) must apply it
+before the sentencepiece model, because the model itself is trained with sentencepiece's
+``identity`` normalizer.
 """
 
-import re
-import unicodedata
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple, Union
 
-from seed_fairseq.vocabulary.text import CONTROL_CHARACTERS
+# below the fairseq side, where the pre-training task's --retrieval-dev normalises its text too
+from seed_fairseq.vocabulary.text import NORMALIZATION_STEPS, normalize_line  # noqa: F401
 
 from .errors import PreprocessError
-
-# Any run of Unicode whitespace (str.isspace: includes NBSP, U+2028, \x1c-\x1f ...)
-# becomes one ASCII space. fairseq's tokenize_line splits on the same class (\s),
-# so no sentencepiece piece may contain any of these characters.
-_WHITESPACE = re.compile(r"\s+")
-# Control characters (category Cc) that are not whitespace carry no text and
-# would otherwise become byte-fallback pieces; drop them.
-_CONTROL = CONTROL_CHARACTERS
-
-NORMALIZATION_STEPS = (
-    "unicodedata NFKC",
-    "lowercase (str.lower) when enabled, then NFKC again",
-    "drop non-whitespace control characters (Unicode Cc)",
-    "collapse every run of Unicode whitespace to one ASCII space, strip both ends",
-)
-
-
-def normalize_line(line: str, lowercase: bool = True, nfkc: bool = True) -> str:
-    """Normalise one paragraph/line; returns '' for lines with no text left.
-
-    NFKC runs before lower-casing (NFKC turns e.g. U+210C "ℌ" into "H") and
-    again after it (lower-casing can leave a non-NFC sequence, e.g. "İ" ->
-    "i" + U+0307), so the result is stable: normalize_line(normalize_line(x))
-    == normalize_line(x), which makes applying it again downstream harmless.
-    """
-    if nfkc:
-        line = unicodedata.normalize("NFKC", line)
-    if lowercase:
-        line = line.lower()
-        if nfkc:
-            line = unicodedata.normalize("NFKC", line)
-    if line.isprintable():
-        # The usual case, same result, half the time: a printable line has no
-        # control character and no whitespace but " " (str.isprintable is False
-        # for categories Cc, Zs but the ASCII space, Zl and Zp).
-        if "  " in line:
-            line = _WHITESPACE.sub(" ", line)
-        return line.strip()
-    line = _CONTROL.sub("", line)
-    return _WHITESPACE.sub(" ", line).strip()
-
 
 LINE_UNITS = ("sentence", "paragraph")
 SENTENCE_SPLITTER = "blingfire.text_to_sentences"

@@ -18,6 +18,10 @@ Built on what every objective declares, so each objective of the plugin gets the
   second its one positive among the N second halves; ``probe_mrr10`` = MRR@10 of
   [CLS] dot products (no labels needed; a tie ranks the positive below the
   others), ``probe_candidates`` = N (chance is about 2.9/N).
+* **the starting model's scores** (``start_logs``, ``log_vs_start``): the task scores
+  the probe and ``--retrieval-dev`` (``retrieval_dev.py``) once before the first update
+  and carries those numbers in every validation's logging output, so that each logs
+  ``<score>_vs_start``, the score now minus the start's.
 
 Everything runs under ``torch.no_grad()`` in eval mode on the validation subset
 only, draws no random numbers (the permutation is a fixed rotation), and
@@ -26,13 +30,14 @@ precision and leaves the training trajectory unchanged.
 """
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq import metrics
 
 LN2 = math.log(2)
 PREFIX = "diag_"
+START = PREFIX + "start_"  # the starting model's scores, carried to every validation (start_logs)
 
 
 def rotate_cls(model) -> torch.utils.hooks.RemovableHandle:
@@ -119,7 +124,9 @@ def halves(block: torch.Tensor, bos: int, eos: int, pad: int) -> Tuple[torch.Ten
     return torch.cat([head, body[:h]]), torch.cat([head, body[h:]])
 
 
-def _encode_all(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int, device) -> torch.Tensor:
+def encode_cls(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int = 32) -> torch.Tensor:
+    """fp32 [CLS] vectors of token sequences of any lengths (right-padded per batch)."""
+    device = next(model.parameters()).device
     out = []
     for i in range(0, len(seqs), batch_size):
         chunk = seqs[i : i + batch_size]
@@ -144,17 +151,20 @@ def probe_pairs(blocks, size: int, bos: int, eos: int, pad: int) -> List[Tuple[t
     return pairs
 
 
+PROBE_KEYS = (PREFIX + "probe_rr_sum", PREFIX + "probe_queries", PREFIX + "probe_runs")
+
+
 def retrieval_probe(
     model, blocks, size: int, bos: int, eos: int, pad: int, batch_size: int = 32
 ) -> Optional[Dict[str, float]]:
-    """MRR@10 of first halves retrieving their own second halves among ``size`` blocks."""
+    """MRR@10 of first halves retrieving their own second halves among ``size`` blocks
+    (``PROBE_KEYS``; None with fewer than two pairs)."""
     pairs = probe_pairs(blocks, size, bos, eos, pad)
     if len(pairs) < 2:
         return None
-    device = next(model.parameters()).device
     with torch.no_grad():
-        queries = _encode_all(model, [q for q, _ in pairs], pad, batch_size, device)
-        passages = _encode_all(model, [p for _, p in pairs], pad, batch_size, device)
+        queries = encode_cls(model, [q for q, _ in pairs], pad, batch_size)
+        passages = encode_cls(model, [p for _, p in pairs], pad, batch_size)
         scores = queries @ passages.t()
         positive = scores.diagonal().unsqueeze(1)
         # ties count against the positive: a collapsed encoder (all scores equal) ranks last, not first
@@ -163,15 +173,43 @@ def retrieval_probe(
     return {PREFIX + "probe_rr_sum": float(rr.sum()), PREFIX + "probe_queries": len(pairs), PREFIX + "probe_runs": 1}
 
 
-def reduce(logging_outputs: Sequence[Dict[str, Any]]) -> None:
-    """Log the diagnostics of the batches of a validation (no-op for training logs)."""
+def start_logs(start: Dict[str, float], names: Sequence[str]) -> Dict[str, float]:
+    """The logging output that carries the start scores (``<name>_vs_start``): the same keys
+    on every worker (fairseq sums the outputs key by key), zero where a score is unknown."""
+    out: Dict[str, float] = {}
+    for name in names:
+        out[START + name] = float(start.get(name, 0.0))
+        out[START + name + "_runs"] = int(name in start)
+    return out
 
-    def total(key):
-        return sum(float(log.get(key, 0)) for log in logging_outputs)
 
+def start_line(scores: Dict[str, float], note: str = "") -> str:
+    """The one line of the starting model's scores (``examples/plot_diagnostics.py`` reads it
+    back as the run's point at update 0)."""
+    values = " | ".join(f"{name} {value:.4f}" for name, value in scores.items())
+    return f"retrieval at update 0 (the starting model{', ' + note if note else ''}): {values}"
+
+
+def log_vs_start(current: Dict[str, float], total: Callable[[str], float]) -> None:
+    """``<name>_vs_start`` = the score now minus the starting model's, for each known start."""
+    for name, value in current.items():
+        runs = total(START + name + "_runs")
+        if runs > 0:
+            metrics.log_scalar(f"{name}_vs_start", value - total(START + name) / runs, runs, round=4)
+
+
+def totals(logging_outputs: Sequence[Dict[str, Any]]) -> Callable[[str], float]:
+    """``key -> the sum of the key over the logging outputs`` (0 when absent)."""
+    return lambda key: sum(float(log.get(key, 0)) for log in logging_outputs)
+
+
+def reduce(logging_outputs: Sequence[Dict[str, Any]]) -> Dict[str, float]:
+    """Log the diagnostics of the batches of a validation (no-op for training logs); the
+    retrieval scores logged, ``{"probe_mrr10": ...}`` (for ``log_vs_start``)."""
+    total = totals(logging_outputs)
     keys = {k for log in logging_outputs for k in log if k.startswith(PREFIX)}
     if not keys:
-        return
+        return {}
     for key in sorted(k for k in keys if k.endswith("_cls_sum")):
         term = key[len(PREFIX) : -len("_cls_sum")]
         units, seqs = total(f"{PREFIX}{term}_cls_units"), total(f"{PREFIX}{term}_cls_seqs")
@@ -181,8 +219,16 @@ def reduce(logging_outputs: Sequence[Dict[str, Any]]) -> None:
     pairs = total(PREFIX + "cos_pairs")
     if pairs > 0:
         metrics.log_scalar("cls_cosine", total(PREFIX + "cos_sum") / pairs, pairs, round=4)
-    runs = total(PREFIX + "probe_runs")
-    if runs > 0:
-        queries = total(PREFIX + "probe_queries")
-        metrics.log_scalar("probe_mrr10", total(PREFIX + "probe_rr_sum") / queries, queries, round=4)
-        metrics.log_scalar("probe_candidates", queries / runs, runs, round=1)
+    probe = probe_score(total)
+    if not probe:
+        return {}
+    runs, queries = total(PREFIX + "probe_runs"), total(PREFIX + "probe_queries")
+    metrics.log_scalar("probe_mrr10", probe["probe_mrr10"], queries, round=4)
+    metrics.log_scalar("probe_candidates", queries / runs, runs, round=1)
+    return probe
+
+
+def probe_score(total: Callable[[str], float]) -> Dict[str, float]:
+    """``{"probe_mrr10": ...}`` from the probe's sums (empty when the probe did not run)."""
+    runs, queries = total(PREFIX + "probe_runs"), total(PREFIX + "probe_queries")
+    return {"probe_mrr10": total(PREFIX + "probe_rr_sum") / queries} if runs > 0 and queries > 0 else {}

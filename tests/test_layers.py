@@ -25,6 +25,7 @@ LAYERS: List[List[str]] = [
         "seed_fairseq.errors",
         "seed_fairseq.fileio",
         "seed_fairseq.vocabulary",
+        "seed_fairseq.retrieval_data",
         "seed_fairseq.objectives",
         "seed_fairseq.extensions",
         "seed_fairseq._registration",
@@ -32,7 +33,13 @@ LAYERS: List[List[str]] = [
     ["seed_fairseq.checkpoint", "seed_fairseq.savedir"],
     # the fairseq side, bottom up
     ["seed_fairseq.fairseq_patches", "seed_fairseq.compat"],
-    ["seed_fairseq.data", "seed_fairseq.modules", "seed_fairseq.diagnostics", "seed_fairseq.dupmae.pooling"],
+    [
+        "seed_fairseq.data",
+        "seed_fairseq.modules",
+        "seed_fairseq.diagnostics",
+        "seed_fairseq.retrieval_dev",
+        "seed_fairseq.dupmae.pooling",
+    ],
     ["seed_fairseq.generator"],
     ["seed_fairseq.models"],
     ["seed_fairseq.tasks"],
@@ -45,6 +52,7 @@ LAYERS: List[List[str]] = [
     ["seed_fairseq.retrieval"],
     ["seed_fairseq.dupmae"],
     ["seed_fairseq.compare"],
+    ["seed_fairseq.adapt"],  # the whole flow: over compare, retrieval and hf
 ]
 # Import paths kept for old code: modules that only re-export a moved module.
 ALIASES = {
@@ -55,16 +63,19 @@ ALIASES = {
     "seed_fairseq.hf.dupmae_export",
     "seed_fairseq.retrieval.dupmae",
     "seed_fairseq.modules.vocab_pool",
+    "seed_fairseq.retrieval.data",
 }
 # Libraries that must import without fairseq and without any fairseq patch.
 FAIRSEQ_FREE = (
     "seed_fairseq.fileio",
     "seed_fairseq.errors",
     "seed_fairseq.vocabulary",
+    "seed_fairseq.retrieval_data",
     "seed_fairseq.retrieval",
     "seed_fairseq.objectives",
     "seed_fairseq.extensions",
     "seed_fairseq.compare",
+    "seed_fairseq.adapt",
     "seed_fairseq.dupmae",
     "preprocess",
 )

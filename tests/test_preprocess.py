@@ -294,7 +294,7 @@ def test_normalize_line_fast_path_equals_the_plain_steps():
     import re
     import unicodedata
 
-    from preprocess.text import _CONTROL
+    from seed_fairseq.vocabulary.text import CONTROL_CHARACTERS as _CONTROL
 
     def plain(line, lowercase, nfkc):
         if nfkc:

@@ -127,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _read_corpus(corpus: Path) -> List[List[str]]:
+def read_corpus(corpus: Path) -> List[List[str]]:
     """Its documents: the held-out set and the derived retrieval set are planned from them."""
     try:
         return corpus_documents(corpus)
@@ -180,7 +180,7 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
     )
     # CPDAE needs an even batch: refused now, not after an hour
     batches = [settings.batch_for(OBJECTIVES[o]) for o in objectives]
-    docs = _read_corpus(corpus)
+    docs = read_corpus(corpus)
     valid_blocks = blocks_needed(batches, args.probe_size, settings.fairseq_args) if args.validate_every else 0
     valid_docs, max_valid_docs = plan_valid_docs(corpus, docs, valid_blocks, args.tokens_per_sample, args.valid_docs)
     seeds = [args.seed + i for i in range(args.seeds)]
@@ -229,13 +229,33 @@ def main(argv: Optional[List[str]] = None, prog: str = "examples/compare_objecti
             return e.exit_code
 
 
-def _main(argv: Optional[List[str]], prog: str) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
-    # the libraries' progress bars and warnings would bury the stage log
+def quiet_libraries() -> None:
+    """The libraries' progress bars and warnings would bury the stage log; no hub look-ups."""
     for key, value in (("TRANSFORMERS_VERBOSITY", "error"), ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
                        ("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1")):  # fmt: skip
         os.environ.setdefault(key, value)
+
+
+def report_stage_error(e: Exception) -> Optional[int]:
+    """Exit status 2 after one ``error:`` line for an error of a stage the user can act on
+    (bad data, a refused folder, the one-line errors of the tools the stages call, a full
+    disk); None for anything else (a bug: the caller re-raises it with its traceback)."""
+    from ..hf.import_ import HFImportError
+
+    if isinstance(e, StageError):
+        if e.detail:
+            print(e.detail, file=sys.stderr)
+        return report(e)
+    if isinstance(e, (DataFormatError, OutputError, SearchError, PreprocessError, HFImportError)):
+        return report(e)
+    line = storage_line(e)  # a full disk or file-size limit (runs, reports, plots)
+    return None if line is None else report(line)
+
+
+def _main(argv: Optional[List[str]], prog: str) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    quiet_libraries()
     try:
         plan = build_plan(args, argv, prog)
     except (ValueError, OutputError) as e:
@@ -249,20 +269,10 @@ def _main(argv: Optional[List[str]], prog: str) -> int:
         claim_out(plan.out)
         lock_out(plan.out)
         result = Comparison(plan).run()
-    except StageError as e:
-        if e.detail:
-            print(e.detail, file=sys.stderr)
-        return report(e)
-    except (DataFormatError, OutputError, SearchError) as e:
-        return report(e)
-    except Exception as e:  # errors of the tools the stages call, with their own one-line messages
-        from ..hf.import_ import HFImportError
-
-        if isinstance(e, (PreprocessError, HFImportError)):
-            return report(e)
-        line = storage_line(e)  # a full disk or file-size limit (runs, reports, plots)
-        if line is not None:
-            return report(line)
-        raise
+    except Exception as e:
+        code = report_stage_error(e)
+        if code is None:
+            raise
+        return code
     print(result["markdown"])
     return 0

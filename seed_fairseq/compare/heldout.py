@@ -17,13 +17,14 @@ held-out set is sized in blocks, and ``--valid-docs`` is its least size:
 * in the data stage, from the built data: the valid split's blocks are counted
   as the task cuts them (``count_blocks``: fairseq's ``TokenBlockDataset``);
   too few, and the split is built again with proportionally more documents, at
-  most a quarter of the corpus (``more_valid_docs``).
+  most a quarter of the corpus (``more_valid_docs``; ``build_data``, the data stage
+  of the comparison and of the adaptation, ``seed_fairseq/adapt``).
 """
 
 import argparse
 import math
 from pathlib import Path
-from typing import Iterable, List, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 REQUIRED_BATCH_SIZE_MULTIPLE = 8  # fairseq's default --required-batch-size-multiple
 MAX_SHARE = 4  # documents held out automatically: at most 1 / MAX_SHARE of the corpus
@@ -115,3 +116,52 @@ def count_blocks(data_bin: Path, split: str, tokens_per_sample: int) -> int:
         dataset, dataset.sizes, tokens_per_sample - 1, pad=d.pad(), eos=d.eos(), break_mode="complete"
     )
     return len(blocks)
+
+
+def build_data(
+    data_bin: Path,
+    corpus: Path,
+    tokens_per_sample: int,
+    valid_docs: int,
+    valid_blocks: int,
+    max_valid_docs: int,
+    threads: int,
+    tokenizer: Optional[Path] = None,
+    vocab_size: Optional[int] = None,
+    say: Optional[Callable[[str], None]] = None,
+) -> dict:
+    """``preprocess.build`` of ``corpus`` into ``data_bin`` with a valid split of at least
+    ``valid_blocks`` blocks (held out again with more documents while it has fewer); the
+    model's ``tokenizer`` (an import folder) or a new vocabulary of ``vocab_size``.
+    ``{"valid_docs", "valid_blocks"}``; a :class:`StageError` when the corpus cannot give them."""
+    from preprocess.build import build
+    from preprocess.record import load_record
+
+    from .layout import StageError, log
+
+    say = say or log
+    options = dict(test_docs=0, workers=max(1, min(2, threads)), seed=1, max_line_pieces=tokens_per_sample - 2)
+    if tokenizer is not None:
+        options["tokenizer"] = str(tokenizer)
+    else:
+        options["vocab_size"] = vocab_size
+    # This stage runs when its options or inputs changed: a finished build in the folder is
+    # the earlier one, replaced file by file as its record lists (an unfinished one resumes).
+    options["force"] = load_record(data_bin) is not None
+    while True:
+        build(data_bin, text=[corpus], valid_docs=valid_docs, **options)
+        blocks = count_blocks(data_bin, "valid", tokens_per_sample) if valid_blocks else 0
+        if blocks >= valid_blocks:
+            return {"valid_docs": valid_docs, "valid_blocks": blocks}
+        more = more_valid_docs(valid_docs, blocks, valid_blocks, max_valid_docs)
+        if more <= valid_docs:
+            raise StageError(
+                corpus,
+                f"too little text for the validation: {valid_docs} held-out documents give {blocks} blocks of "
+                f"{tokens_per_sample} tokens, and every run needs {valid_blocks} (a batch, and --probe-size blocks "
+                "for the probe); use a larger corpus, a smaller --probe-size or --tokens-per-sample, or "
+                "--validate-every 0",
+            )
+        say(f"{valid_docs} held-out documents give {blocks} validation blocks of the {valid_blocks} needed: "
+            f"building the data again with {more}")  # fmt: skip
+        valid_docs, options["force"] = more, True

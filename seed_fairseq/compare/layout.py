@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..fileio import check_output_dir, lock_folder, sha256_file, write_json_atomic
+from ..fileio import OutputError, check_output_dir, lock_folder, sha256_file, write_json_atomic
 from ..retrieval.config import FinetuneConfig
 from ..retrieval.data import derive_retrieval_set
 from .objectives import PretrainSettings, eval_models
@@ -111,6 +111,33 @@ def lock_out(out: Path) -> Optional[int]:
     """An exclusive lock on ``out``, held for the process's life: two runs must not train into
     the same folders (``fileio.lock_folder``, the lock every tool takes)."""
     return lock_folder(out, "another comparison is running in this folder", lock_file=".lock")
+
+
+def check_stage_folders(out: Path, runner, owner: str) -> None:
+    """Refuse, before any stage of ``runner`` runs, a stage folder ``owner`` (the tool, in words)
+    cannot own: one that holds files while no stage of the tool ever started there (someone
+    else's), or one reached through a symbolic link or a file (a redo deletes only inside
+    ``out``, never through a link).  A started stage's folder may hold the user's files too:
+    redoing the stage deletes only the files it writes (``Stage.writes``)."""
+    for stage in runner.stages:
+        if stage.folder is None:
+            continue
+        path = out
+        for part in Path(stage.folder).parts:
+            path = path / part
+            if path.is_symlink() or (path.exists() and not path.is_dir()):
+                raise OutputError(
+                    path,
+                    f"is a {'symbolic link' if path.is_symlink() else 'file'} where {owner} keeps its "
+                    f"{stage.folder} folder; it writes and deletes only inside --out: move it away",
+                )
+        folder = out / stage.folder
+        if folder.is_dir() and any(folder.iterdir()) and not runner.started_marker(stage.name).exists():
+            raise OutputError(
+                folder,
+                "holds files this tool did not write there (no stage record for it); move them away or "
+                "choose another --out",
+            )
 
 
 def file_fingerprint(path: Path) -> str:

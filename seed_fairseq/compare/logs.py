@@ -7,6 +7,7 @@ from typing import Dict, List
 
 VALID_TAG = "| valid | "
 TRAIN_TAG = "| train | "
+TRAIN_INNER_TAG = "| train_inner | "
 
 
 def _rows(path: Path, tag: str) -> List[Dict[str, float]]:
@@ -37,6 +38,11 @@ def read_valid(path) -> List[Dict[str, float]]:
 def read_train(path) -> List[Dict[str, float]]:
     """Every end-of-epoch ``| train |`` row (``wall``, ``train_wall``, ``num_updates`` ...)."""
     return _rows(path, TRAIN_TAG)
+
+
+def read_train_inner(path) -> List[Dict[str, float]]:
+    """Every ``| train_inner |`` row, one per ``--log-interval`` updates (``num_updates``, ``loss`` ...)."""
+    return _rows(path, TRAIN_INNER_TAG)
 
 
 def final_diagnostics(rows: List[Dict[str, float]]) -> Dict[str, float]:

@@ -32,12 +32,12 @@ from typing import Any, Dict, List
 
 from preprocess.stages import Runner, Stage
 
-from ..fileio import OutputError, write_json_atomic
+from ..fileio import write_json_atomic
 from ..retrieval.data import load_data
 from ..retrieval.metrics import write_trec_run
 from .evaluation import evaluate_run
 from .flops import count_update_flops
-from .heldout import count_blocks, more_valid_docs
+from .heldout import build_data
 from .interrupt import run_child
 from .layout import (  # noqa: F401  (claim_out, lock_out, corpus_documents, eval_keys, ...: their 0.2 import path)
     BM25_RUN,
@@ -51,6 +51,7 @@ from .layout import (  # noqa: F401  (claim_out, lock_out, corpus_documents, eva
     Layout,
     Plan,
     StageError,
+    check_stage_folders,
     claim_out,
     corpus_documents,
     eval_keys,
@@ -74,10 +75,26 @@ def fairseq_bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool = False) -> None:
+def child_env(threads: int) -> Dict[str, str]:
+    """The environment of the tools the stages start: ``threads`` CPU threads, quiet, offline,
+    and this checkout's plugin and preprocess package importable (fairseq-train's ``--user-dir``)."""
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        PYTHONWARNINGS="ignore",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool = False, say=log) -> None:
     """Run a command-line tool with its output in ``log_file``; :class:`StageError` with its tail on failure."""
     cmd = [str(c) for c in cmd]
-    log(" ".join(shlex.quote(c) for c in cmd))
+    say(" ".join(shlex.quote(c) for c in cmd))
     with open(log_file, "a" if append else "w", encoding="utf-8") as f:
         returncode = run_child(cmd, f, env)  # an interrupt of the driver stops it first (interrupt.py)
     if returncode != 0:
@@ -95,17 +112,7 @@ class Comparison(Layout):
 
     def __init__(self, plan: Plan):
         super().__init__(plan)
-        self.env = dict(
-            os.environ,
-            OMP_NUM_THREADS=str(plan.threads),
-            PYTHONWARNINGS="ignore",
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            TOKENIZERS_PARALLELISM="false",
-        )
-        # fairseq-train must import this checkout's plugin and preprocess package
-        root = str(Path(__file__).resolve().parents[2])
-        self.env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.env = child_env(plan.threads)
 
     def init_args(self) -> List[str]:
         """With --init: the imported encoder's sizes, and the checkpoint to start from (once:
@@ -286,31 +293,8 @@ class Comparison(Layout):
         return Runner(self.out, self.stages(), self.external(), state_dir=self.out / STATE)
 
     def check_foreign(self, runner: Runner) -> None:
-        """Refuse, before any stage runs, a stage folder the comparison cannot own:
-        one that holds files while no stage of this tool ever started there
-        (someone else's), or one reached through a symbolic link or a file (a
-        redo deletes only inside --out, never through a link).  A started
-        stage's folder may hold the user's files too: redoing the stage deletes
-        only the files it writes (``Stage.writes``)."""
-        for stage in runner.stages:
-            if stage.folder is None:
-                continue
-            path = self.out
-            for part in Path(stage.folder).parts:
-                path = path / part
-                if path.is_symlink() or (path.exists() and not path.is_dir()):
-                    raise OutputError(
-                        path,
-                        f"is a {'symbolic link' if path.is_symlink() else 'file'} where the comparison keeps its "
-                        f"{stage.folder} folder; it writes and deletes only inside --out: move it away",
-                    )
-            folder = self.out / stage.folder
-            if folder.is_dir() and any(folder.iterdir()) and not runner.started_marker(stage.name).exists():
-                raise OutputError(
-                    folder,
-                    "holds files this tool did not write there (no stage record for it); move them away or "
-                    "choose another --out",
-                )
+        """Refuse a stage folder the comparison cannot own (``layout.check_stage_folders``)."""
+        check_stage_folders(self.out, runner, "the comparison")
 
     def run(self) -> Dict[str, Any]:
         runner = self.runner()
@@ -328,36 +312,19 @@ class Comparison(Layout):
 
     def stage_data(self, results) -> dict:
         """The data, with a valid split of at least ``plan.valid_blocks`` blocks (heldout.py)."""
-        from preprocess.build import build
-        from preprocess.record import load_record
-
         p, t0 = self.plan, time.time()
-        tps = p.pretrain.tokens_per_sample
-        options = dict(test_docs=0, workers=max(1, min(2, p.threads)), seed=1, max_line_pieces=tps - 2)
-        if p.init:
-            options["tokenizer"] = str(self.out / "import")
-        else:
-            options["vocab_size"] = p.vocab_size
-        # This stage runs when its options or inputs changed: a finished build in the folder is
-        # the earlier one, replaced file by file as its record lists (an unfinished one resumes).
-        options["force"] = load_record(self.data_bin) is not None
-        valid_docs = p.valid_docs
-        while True:
-            build(self.data_bin, text=[p.corpus], valid_docs=valid_docs, **options)
-            blocks = count_blocks(self.data_bin, "valid", tps) if p.valid_blocks else 0
-            if blocks >= p.valid_blocks:
-                return {"seconds": time.time() - t0, "valid_docs": valid_docs, "valid_blocks": blocks}
-            more = more_valid_docs(valid_docs, blocks, p.valid_blocks, p.max_valid_docs)
-            if more <= valid_docs:
-                raise StageError(
-                    p.corpus,
-                    f"too little text for the validation: {valid_docs} held-out documents give {blocks} blocks of "
-                    f"{tps} tokens, and every run needs {p.valid_blocks} (a batch, and --probe-size blocks for the "
-                    "probe); use a larger corpus, a smaller --probe-size or --tokens-per-sample, or --validate-every 0",
-                )
-            log(f"{valid_docs} held-out documents give {blocks} validation blocks of the {p.valid_blocks} needed: "
-                f"building the data again with {more}")  # fmt: skip
-            valid_docs, options["force"] = more, True
+        built = build_data(
+            self.data_bin,
+            p.corpus,
+            p.pretrain.tokens_per_sample,
+            p.valid_docs,
+            p.valid_blocks,
+            p.max_valid_docs,
+            p.threads,
+            tokenizer=self.out / "import" if p.init else None,
+            vocab_size=p.vocab_size,
+        )
+        return {"seconds": time.time() - t0, **built}
 
     def stage_retrieval(self, results) -> dict:
         t0 = time.time()

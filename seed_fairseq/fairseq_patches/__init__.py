@@ -15,7 +15,9 @@ inside its ``install`` function, so no module here needs the plugin first.
 6. ``clean_exit``: no abort at shutdown from fairseq's prefetching thread.
 7. ``save_dir_lock``: one run per save-dir, a killed run's debris removed.
 8. ``user_errors``: ``error: FILE: problem`` and status 2, not a traceback.
-9. ``quiet_warnings``: the known-harmless hydra/torch/autocast warnings of a CPU run
+9. ``optimizer_groups``: parameter groups with their own learning rate (the encoder's
+   schedule of continued pre-training, ``tasks/encoder_lr.py``).
+10. ``quiet_warnings``: the known-harmless hydra/torch/autocast warnings of a CPU run
    filtered by message and category (no fairseq attribute: not in the table).
 
 Every fairseq attribute replaced is one row of :data:`PATCHES`;
@@ -37,6 +39,7 @@ from . import (
     atomic_checkpoints,
     checkpoint_loading,
     clean_exit,
+    optimizer_groups,
     quiet_warnings,
     restarts,
     torchrun_cpu,
@@ -137,6 +140,17 @@ PATCHES: Tuple[Patch, ...] = (
         "the prefetching thread stopped and joined at exit instead of aborting the process (exit 134)",
         clean_exit.install_stoppable_consumers,
         ("BackgroundConsumer.run(self)", "BackgroundConsumer(queue, source, max_len, cuda_device)", "_sentinel"),
+    ),
+    Patch(
+        "fairseq.trainer",
+        "Trainer._build_optimizer",
+        "the optimizer's one parameter group split by the task's labels, so that groups get their own rates",
+        optimizer_groups.install,
+        (
+            "Trainer._build_optimizer(self)",
+            "optim.FairseqOptimizer.set_lr(self, lr)",
+            "optim.FP16Optimizer.build_fp32_params(args, params, flatten)",
+        ),
     ),
     Patch(
         "fairseq_cli.train",

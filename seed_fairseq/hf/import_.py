@@ -340,7 +340,8 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
                 fs_state.update(fresh_head(model, seed))
                 logger.warning(
                     f"{hf_dir}: the model has no MLM head: encoder.lm_head is freshly initialised "
-                    "(BERT init); continued pre-training trains it from scratch"
+                    "(BERT init); continued pre-training trains it from scratch (--freeze-encoder-updates N "
+                    "trains it alone first: docs/hf.md)"
                 )
             # fairseq's state dict names the tied output projection separately
             fs_state[HEAD + "weight"] = fs_state["encoder.sentence_encoder.embed_tokens.weight"]
@@ -381,6 +382,9 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
                     "family": family.name,
                     "hf_architectures": hf_cfg.get("architectures"),
                     "mlm_head": source["mlm_head"],
+                    # what continued pre-training should train alone first (--freeze-encoder-updates), on top
+                    # of the objective's own decoders and projections, which no import has
+                    "fresh_heads": [] if has_head else [HEAD.rstrip(".")],
                     "source_dtype": source_dtype,  # the checkpoint holds float32 whatever the source stored
                     "dropped_keys": dropped,
                     "dictionary_sha256": dictionary_sha256(staging / "dict.txt"),

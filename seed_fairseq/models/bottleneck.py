@@ -234,7 +234,8 @@ class BottleneckEncoderModel(RobertaModel):
                     # An encoder-only checkpoint (seed-drop-heads, an imported
                     # model) initialising a full model: keep the fresh weights.
                     logger.warning(
-                        f"checkpoint has no {module_name} weights; keeping the freshly initialised {module_name}"
+                        f"checkpoint has no {module_name} weights; keeping the freshly initialised {module_name} "
+                        "(--freeze-encoder-updates N trains the fresh heads alone first: docs/hf.md)"
                     )
                     for k, v in module.state_dict().items():
                         state_dict[head + k] = v

@@ -24,14 +24,17 @@ masking from sentencepiece's word-start marker, the global-count lookahead of
 ``--update-freq`` micro-batches, and one-line refusals before training
 (``errors.ConfigurationError``) for data that is missing, empty, truncated
 (``data/split_files.py``) or split at ':', and for a split that would give no
-batch or fewer validation blocks than the retrieval probe needs.
+batch or fewer validation blocks than the retrieval probe needs.  At validation it adds the
+diagnostics (``diagnostics.py``) and the zero-shot retrieval scores of the probe and of
+``--retrieval-dev`` (``retrieval_dev.py``), each also against the starting model's, scored
+before the first update.
 """
 
 import inspect
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -52,16 +55,21 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 from omegaconf import II
+from omegaconf.errors import OmegaConfBaseException
 
-from .. import diagnostics
+from .. import diagnostics, retrieval_dev
 from ..checkpoint import DICTIONARY_SHA256, CheckpointError, check_dictionary
 from ..data.split_files import check_split_files
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 from ..errors import ConfigurationError
+from ..fairseq_patches.optimizer_groups import GROUP_KEY
 from ..objectives import ObjectiveDescription
+from ..retrieval_data import DataFormatError, load_data
 from ..vocabulary.dictionary import dictionary_sha256, is_ordinary
+from ..vocabulary.text_ids import for_data_folder
+from ..vocabulary.tokenizer import TokenizerError, word_start_table
 from ..vocabulary.tokenizer import load_record as load_tokenizer_record
-from ..vocabulary.tokenizer import word_start_table
+from . import encoder_lr
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +154,33 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "(GPUs do not); the update is unchanged in practice (a denormal second moment is far below --adam-eps)"
         },
     )
+    # The encoder's own learning rate while continuing a trained model (tasks/encoder_lr.py)
+    freeze_encoder_updates: int = field(
+        default=0,
+        metadata={
+            "help": "train only the parameters outside the encoder body (MLM head, decoders, projections) for "
+            "the first N updates; the encoder's weights stay exactly as loaded.  For continued pre-training, "
+            "where these heads start untrained (docs/hf.md recommends a value)"
+        },
+    )
+    encoder_warmup_updates: int = field(
+        default=-1,
+        metadata={
+            "help": "after --freeze-encoder-updates, raise the encoder's learning rate linearly from 0 over "
+            "this many updates (-1, the default: as many as --freeze-encoder-updates)"
+        },
+    )
+    encoder_lr_scale: float = field(
+        default=1.0,
+        metadata={"help": "the encoder body's learning rate = this x the scheduled one (the heads keep it)"},
+    )
+    layer_lr_decay: float = field(
+        default=1.0,
+        metadata={
+            "help": "layer-wise learning-rate decay (BEiT/ELECTRA): layer i of L gets this^(L - i), the "
+            "embeddings this^(L + 1), the heads 1 (1.0, the default: off)"
+        },
+    )
     retrieval_probe_size: int = field(
         default=0,
         metadata={
@@ -153,6 +188,38 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "retrieving their own second halves by [CLS] dot product (0 = off, the default)"
         },
     )
+    # zero-shot retrieval on a labelled dev set at every validation (seed_fairseq/retrieval_dev.py)
+    retrieval_dev: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "a labelled BEIR or MS MARCO folder: at every validation, zero-shot retrieval of its queries "
+            "by the current [CLS] (exact inner-product search, as the exported model's evaluation), logged as "
+            "dev_ndcg10, dev_mrr10 and dev_recall100 (keep the best checkpoint with --best-checkpoint-metric "
+            "dev_ndcg10 --maximize-best-checkpoint-metric); the starting model's scores are logged before the "
+            "first update, and every validation logs <score>_vs_start (docs/diagnostics.md).  Runs even with "
+            "--no-diagnostics"
+        },
+    )
+    retrieval_dev_split: str = field(
+        default="dev",
+        metadata={
+            "help": "the split of --retrieval-dev (BEIR: qrels/SPLIT.tsv; MS MARCO: queries.SPLIT.tsv, qrels.SPLIT.tsv)"
+        },
+    )
+    retrieval_dev_queries: int = field(
+        default=200,
+        metadata={"help": "score at most this many judged queries of --retrieval-dev (a fixed sample; 0 = all)"},
+    )
+    retrieval_dev_docs: int = field(
+        default=1000,
+        metadata={
+            "help": "search among at most this many documents of --retrieval-dev: every document judged for the "
+            "scored queries, filled up with a fixed sample of the others (0 = the whole corpus)"
+        },
+    )
+    # Read from fairseq's checkpoint config: a best-checkpoint metric that only --retrieval-dev or
+    # the probe logs is refused before training without them (fairseq fails at the first validation)
+    best_checkpoint_metric: str = II("checkpoint.best_checkpoint_metric")
     # Read from fairseq's optimisation config so that the criterion can
     # normalise by the unit counts of the whole update (see data/update_counts.py).
     update_freq: List[int] = II("optimization.update_freq")
@@ -174,11 +241,20 @@ class BottleneckPretrainTask(MaskedLMTask):
             )
         if cfg.retrieval_probe_size < 0:
             raise ValueError(f"--retrieval-probe-size must be >= 0, got {cfg.retrieval_probe_size}")
+        for name in ("retrieval_dev_queries", "retrieval_dev_docs"):
+            if getattr(cfg, name) < 0:
+                raise ConfigurationError(f"--{name.replace('_', '-')} must be >= 0 (0 = all), got {getattr(cfg, name)}")
+        encoder_lr.EncoderSchedule.from_cfg(cfg)  # out-of-range options refused before anything loads
         super().__init__(cfg, dictionary)
+        self._encoder_lr = None  # (id of the model, its EncoderSchedule, its encoder parameters)
         if cfg.flush_denormal and not torch.set_flush_denormal(True):
             logger.warning("--flush-denormal: this CPU cannot flush denormals (no SSE3); computing with them")
         self.unmasked_blocks = {}  # split -> [CLS] x1 .. xn, for the retrieval probe
-        self._probe_pending = False
+        self._retrieval_pending = False  # the probe and the dev set: once per validation
+        self.retrieval_dev: Optional[retrieval_dev.DevSet] = None  # --retrieval-dev, read by setup_task
+        self.retrieval_start: Dict[str, float] = {}  # the starting model's scores (log_start)
+        self._start_pending = True  # before the first epoch of this process
+        self._recorded_start: Dict[str, float] = {}  # from the checkpoint a resumed run continues
         self.dict_path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
         self.dictionary_sha256 = dictionary_sha256(self.dict_path)
 
@@ -398,30 +474,227 @@ class BottleneckPretrainTask(MaskedLMTask):
                 sample[UPDATE_COUNTS] = {
                     k: torch.zeros_like(torch.as_tensor(v)) for k, v in sample[UPDATE_COUNTS].items()
                 }
-        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        out = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        schedule, encoder = self.encoder_schedule(model)
+        if schedule.frozen(update_num):
+            encoder_lr.zero_grads(encoder)  # out of the gradient norm and Adam's moments
+        return out
+
+    # -- the encoder's own learning rate (tasks/encoder_lr.py, fairseq_patches/optimizer_groups.py) ----
+
+    def encoder_schedule(self, model) -> Tuple[encoder_lr.EncoderSchedule, List[torch.nn.Parameter]]:
+        """The encoder's schedule for ``model`` (whose depth the layer decay needs) and its body's parameters."""
+        if self._encoder_lr is None or self._encoder_lr[0] != id(model):
+            schedule = encoder_lr.EncoderSchedule.from_cfg(self.cfg, encoder_lr.encoder_layers(model) or 0)
+            self._encoder_lr = (id(model), schedule, encoder_lr.encoder_parameters(model))
+        return self._encoder_lr[1:]
+
+    def lr_group_labels(self, model) -> Optional[Dict[int, str]]:
+        """``{id(parameter): learning-rate group}`` for the optimizer, None when one group serves."""
+        schedule, _ = self.encoder_schedule(model)
+        if not schedule.active:
+            return None
+        logger.info(schedule.describe())
+        return encoder_lr.group_labels(model)
+
+    def optimizer_step(self, optimizer, model, update_num) -> None:
+        schedule, _ = self.encoder_schedule(model)
+        if not schedule.active:
+            return super().optimizer_step(optimizer, model, update_num)
+        if schedule.freeze_updates and update_num == schedule.freeze_updates:
+            logger.info(f"update {update_num + 1}: the encoder trains from now on")
+        groups = optimizer.param_groups
+        scheduled = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] *= schedule.scale(g.get(GROUP_KEY, encoder_lr.HEADS), update_num)
+        try:
+            super().optimizer_step(optimizer, model, update_num)
+        finally:  # the scheduler, the log and the saved state keep the scheduled rate
+            for g, lr in zip(groups, scheduled):
+                g["lr"] = lr
 
     # -- diagnostics at validation (seed_fairseq/diagnostics.py) ------------------------------
 
     def begin_valid_epoch(self, epoch, model) -> None:
         super().begin_valid_epoch(epoch, model)
-        self._probe_pending = self.cfg.retrieval_probe_size > 0  # once per validation
+        self._retrieval_pending = bool(self.retrieval_names())  # once per validation
 
     def valid_step(self, sample, model, criterion) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
         loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
-        if self.cfg.no_diagnostics or not sample:
+        if not sample:
             return loss, sample_size, logging_output
-        logging_output.update(diagnostics.validation_logs(criterion, model, sample, logging_output))
-        if self._probe_pending and "valid" in self.unmasked_blocks:
-            self._probe_pending = False
-            single = distributed_utils.get_data_parallel_world_size() == 1
-            if single or distributed_utils.get_data_parallel_rank() == 0:  # the same probe on every worker otherwise
-                d = self.source_dictionary
-                probe = diagnostics.retrieval_probe(
-                    model, self.unmasked_blocks["valid"], self.cfg.retrieval_probe_size, d.bos(), d.eos(), d.pad()
-                )
-                logging_output.update(probe or {})
+        if not self.cfg.no_diagnostics:
+            logging_output.update(diagnostics.validation_logs(criterion, model, sample, logging_output))
+        if self._retrieval_pending:
+            self._retrieval_pending = False
+            logging_output.update(self.retrieval_logs(model))
         return loss, sample_size, logging_output
 
     def reduce_metrics(self, logging_outputs, criterion) -> None:
         super().reduce_metrics(logging_outputs, criterion)
-        diagnostics.reduce(logging_outputs)
+        total = diagnostics.totals(logging_outputs)
+        scores = diagnostics.reduce(logging_outputs)
+        scores.update(retrieval_dev.reduce(total))
+        diagnostics.log_vs_start(scores, total)
+
+    # -- zero-shot retrieval: the probe, --retrieval-dev, and the starting model's scores ----------
+
+    @classmethod
+    def setup_task(cls, cfg: BottleneckPretrainConfig, **kwargs) -> "BottleneckPretrainTask":
+        task = super().setup_task(cfg, **kwargs)
+        # a task set up from a checkpoint's saved config (the export, a generator, fairseq-validate)
+        # scores nothing: the dev set belongs to the training command, which may not run here
+        if not kwargs.get("from_checkpoint", False):
+            if cfg.retrieval_dev:
+                task.load_retrieval_dev()
+            task.check_best_checkpoint_metric()
+        return task
+
+    def check_best_checkpoint_metric(self) -> None:
+        """``--best-checkpoint-metric`` naming a retrieval score this run does not log."""
+        try:
+            metric = str(self.cfg.best_checkpoint_metric)
+        except OmegaConfBaseException:  # the task built outside fairseq-train: nothing to check
+            return
+        score = metric.removesuffix("_vs_start")
+        if score in ("probe_mrr10", *retrieval_dev.MEASURES) and score not in self.retrieval_names():
+            needs = "--retrieval-probe-size N without --no-diagnostics" if score == "probe_mrr10" else "--retrieval-dev"
+            raise ConfigurationError(f"--best-checkpoint-metric {metric}: this run does not log it; it needs {needs}")
+
+    def load_retrieval_dev(self) -> None:
+        """Read and tokenise ``--retrieval-dev`` once (every worker: an error stops them all
+        before training); a bad folder or file, or data without its tokenizer, is a
+        ``ConfigurationError`` naming the file."""
+        cfg = self.cfg
+        try:
+            import ir_measures  # noqa: F401  (scores() imports it at each validation)
+        except ImportError:
+            raise ConfigurationError("--retrieval-dev needs ir_measures: pip install ir_measures") from None
+        try:
+            data = load_data(cfg.retrieval_dev, cfg.retrieval_dev_split)
+        except DataFormatError as e:
+            where = e.path if e.line is None else f"{e.path}:{e.line}"
+            raise ConfigurationError(f"{e.problem} (--retrieval-dev)", where) from None
+        data_dir = utils.split_paths(cfg.data)[0]
+        try:
+            text_ids = for_data_folder(data_dir, self.source_dictionary.symbols)
+        except (TokenizerError, ImportError) as e:
+            problem, path = (e.problem, e.path) if isinstance(e, TokenizerError) else (str(e), data_dir)
+            raise ConfigurationError(f"{problem} (--retrieval-dev tokenizes its text as the data was)", path) from None
+        self.retrieval_dev = retrieval_dev.load_dev_set(
+            data, text_ids, cfg.retrieval_dev_queries, cfg.retrieval_dev_docs, cfg.tokens_per_sample
+        )
+        logger.info(
+            f"--retrieval-dev {cfg.retrieval_dev} (split {cfg.retrieval_dev_split}): {self.retrieval_dev.describe()}, "
+            f"tokenised with {text_ids.describe}, cut at {cfg.tokens_per_sample} tokens; scored at every validation"
+        )
+
+    def retrieval_names(self) -> List[str]:
+        """The retrieval scores this run logs at every validation and for the starting model."""
+        probe = ["probe_mrr10"] if self.cfg.retrieval_probe_size > 0 and not self.cfg.no_diagnostics else []
+        return probe + (list(retrieval_dev.MEASURES) if self.retrieval_dev is not None else [])
+
+    def retrieval_logs(self, model) -> Dict[str, float]:
+        """The logging output of the probe and the dev set for ``model`` as it is, with the start
+        scores.  Scored by the first worker only (the same numbers on every worker); the others
+        give the same keys, zero, since fairseq sums the workers' outputs key by key."""
+        names = self.retrieval_names()
+        first = _first_worker()
+        logs: Dict[str, float] = {}
+        if "probe_mrr10" in names:
+            logs.update(dict.fromkeys(diagnostics.PROBE_KEYS, 0))
+            if first and "valid" in self.unmasked_blocks:
+                d = self.source_dictionary
+                blocks = self.unmasked_blocks["valid"]
+                logs.update(
+                    diagnostics.retrieval_probe(model, blocks, self.cfg.retrieval_probe_size, d.bos(), d.eos(), d.pad())
+                    or {}
+                )
+        if self.retrieval_dev is not None:
+            dev = self.retrieval_dev
+            values = retrieval_dev.scores(model, dev, self.source_dictionary.pad()) if first else {}
+            logs.update(retrieval_dev.logs(values, len(dev.qids) if first else 0))
+        logs.update(diagnostics.start_logs(self.retrieval_start if first else {}, names))
+        return logs
+
+    def begin_epoch(self, epoch, model) -> None:
+        super().begin_epoch(epoch, model)
+        if self._start_pending:  # fairseq-train calls this after loading the checkpoint, before any update
+            self._start_pending = False
+            self.log_start(model)
+
+    def log_start(self, model) -> None:
+        """The starting model's retrieval scores, in one line (first worker): computed for a run
+        that starts (a fresh model, ``--finetune-from-model``, a ``--restore-file`` with its
+        optimizer reset), taken from the checkpoint for a run that continues."""
+        names = self.retrieval_names()
+        if not names or not _first_worker():
+            return
+        resumed = _restored_updates()
+        if resumed:
+            self.retrieval_start = {n: v for n, v in self._recorded_start.items() if n in names}
+            if self.retrieval_start:
+                logger.info(diagnostics.start_line(self.retrieval_start, "recorded in the checkpoint"))
+            missing = [n for n in names if n not in self.retrieval_start]
+            if missing:
+                logger.warning(
+                    f"no score of the starting model for {', '.join(missing)}: the run continues at update "
+                    f"{resumed} from a checkpoint without one for this setting (no <score>_vs_start for them)"
+                )
+            return
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                total = diagnostics.totals([self.retrieval_logs(model)])
+        finally:
+            model.train(was_training)
+        self.retrieval_start = {**diagnostics.probe_score(total), **retrieval_dev.means(total)}
+        if self.retrieval_start:  # (the probe needs the validation split, not loaded with --disable-validation)
+            logger.info(diagnostics.start_line(self.retrieval_start))
+
+    def get_checkpoint_dict(self) -> Dict[str, Any]:
+        """The start scores, with what they were computed on.  fairseq keeps this in a
+        checkpoint's ``extra_state`` and gives it back (``set_checkpoint_dict``) to a run that
+        continues from it, not to ``--finetune-from-model`` or ``--reset-dataloader``; fairseq-train
+        never restores the task state (``state_dict``) of a checkpoint it continues."""
+        if not self.retrieval_start:
+            return {}
+        record = {
+            "scores": dict(self.retrieval_start),
+            "probe_size": self.cfg.retrieval_probe_size,
+            "dev_identity": self.retrieval_dev.identity if self.retrieval_dev else None,
+        }
+        return {type(self).__name__: {START_SCORES: record}}
+
+    def set_checkpoint_dict(self, state: Dict[str, Any]) -> None:
+        """The start scores of the run this one continues, each kept only if it was computed on
+        what this run scores (the same probe size, the same dev queries, documents and tokens)."""
+        record = (state or {}).get(START_SCORES) or {}
+        dev = self.retrieval_dev.identity if self.retrieval_dev else None
+        same = {
+            "probe_mrr10": record.get("probe_size") == self.cfg.retrieval_probe_size,
+            **{name: dev is not None and record.get("dev_identity") == dev for name in retrieval_dev.MEASURES},
+        }
+        self._recorded_start = {n: float(v) for n, v in (record.get("scores") or {}).items() if same.get(n)}
+
+
+START_SCORES = "retrieval_start"  # the key of the start scores in the task's checkpoint dict
+
+
+def _first_worker() -> bool:
+    return distributed_utils.get_data_parallel_world_size() == 1 or distributed_utils.get_data_parallel_rank() == 0
+
+
+def _restored_updates() -> int:
+    """The updates of the checkpoint fairseq-train continues (0 for a run that starts).
+
+    All a task sees of it: loading a checkpoint to continue its run sets the trainer's
+    update count, which fairseq logs as ``num_updates`` into its "default" meters (or
+    restores with the checkpoint's meters); ``--finetune-from-model`` and
+    ``--reset-optimizer`` start at 0 and log nothing."""
+    from fairseq import metrics
+
+    meter = metrics.get_meter("default", "num_updates")
+    value = getattr(meter, "val", None)
+    return int(value) if value else 0
