@@ -264,6 +264,7 @@ def test_comparison_init_pretrains_every_objective(imported, tmp_path):
     """``compare_objectives.py --init HF_DIR --objectives`` (all): its import, data, generator and
     pre-training stages (fine-tuning and evaluation are the scratch comparison's, test_compare.py)."""
     from preprocess.stages import Runner
+    from seed_fairseq.checkpoint import load_torch_file
     from seed_fairseq.compare.cli import build_plan, parser
     from seed_fairseq.compare.layout import STATE
     from seed_fairseq.compare.objectives import ORDER
@@ -280,9 +281,9 @@ def test_comparison_init_pretrains_every_objective(imported, tmp_path):
     stages = [s for s in comp.stages() if s.name.split("-")[0] in wanted]
     assert len([s for s in stages if s.name.startswith("pretrain-")]) == len(ORDER)
     Runner(comp.out, stages, comp.external(), state_dir=comp.out / STATE).run()
-    imported_encoder = torch.load(comp.out / "import" / "checkpoint.pt", weights_only=False)["model"]
+    imported_encoder = load_torch_file(str(comp.out / "import" / "checkpoint.pt"))["model"]  # allowlisted
     for o in ORDER:
-        ckpt = torch.load(comp.out / "pretrain" / o / f"s{plan.seeds[0]}" / "checkpoint_last.pt", weights_only=False)
+        ckpt = load_torch_file(str(comp.out / "pretrain" / o / f"s{plan.seeds[0]}" / "checkpoint_last.pt"))
         assert ckpt["optimizer_history"][-1]["num_updates"] == 1, o
         emb = "encoder.sentence_encoder.embed_tokens.weight"
         # the import's encoder after one small step (a fresh one would be far from it)

@@ -21,6 +21,8 @@ import torch
 from helpers import DEMO_CORPUS, USER_DIR, check, cli, load_driver, run
 from hf_models import ODD_STRINGS, save_bert
 
+from seed_fairseq.checkpoint import load_torch_file
+
 TOKENS = 48
 BEST_VS_START = ("--best-checkpoint-metric", "probe_mrr10_vs_start")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -443,7 +445,7 @@ def test_continued_import_logs_the_start_and_keeps_the_best_checkpoint(bert, tmp
             assert float(r[f"valid_{name}_vs_start"]) == pytest.approx(now - start[name], abs=2e-4)
     best = max(float(r["valid_dev_ndcg10"]) for r in records)
     assert float(records[-1]["valid_best_dev_ndcg10"]) == best
-    kept = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)["extra_state"]
+    kept = load_torch_file(str(save / "checkpoint_best.pt"))["extra_state"]  # the allowlisted loader
     assert kept["val_loss"] == pytest.approx(best, abs=1e-4)  # the checkpoint that retrieved best
     assert plot.read_valid(_write(tmp_path / "log.txt", log))[0] == start  # the plot's point at update 0
 
