@@ -249,7 +249,8 @@ def _one_update(obj, data, save_dir, *extra, launcher=(), fixtures=None):
     )
     proc = run_tool(obj, cmd, launcher)  # torchrun starts the script itself
     (record,) = records(proc)
-    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)  # trusted: this test wrote it
+    last = save_dir / "checkpoint_last.pt"
+    state = torch.load(last, map_location="cpu", weights_only=False)  # trusted: this test wrote it
     return record, state["model"]
 
 
