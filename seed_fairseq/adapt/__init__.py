@@ -16,4 +16,6 @@ handling) and the retrieval and HF wings.  Modules:
 * ``progress``  progress lines of a running fairseq-train, read from its log
 * ``report``    report.md, report.json and report.png
 * ``cli``       the command line
+* ``study``     the study: every objective x arm x seed from one model on one domain (``examples/adaptation_study.py``)
+* ``study_report``  its table, verdicts and plot
 """

@@ -19,7 +19,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 from ..compare.checks import init_positions
 from ..compare.cli import FINETUNE_FLAGS, FINETUNE_TYPES, quiet_libraries, read_corpus, report_stage_error
@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help=f"without --retrieval-dev: documents held out of pre-training for the derived set (default: "
-        f"{defaults.HELDOUT_SHARE:.0%} of them, {defaults.MIN_HELDOUT_DOCS} to {defaults.MAX_HELDOUT_DOCS})",
+        f"{defaults.HELDOUT_SHARE:.0%}% of them, {defaults.MIN_HELDOUT_DOCS} to {defaults.MAX_HELDOUT_DOCS})",
     )
     g.add_argument("--max-seq-length", type=positive_int, default=None,
                    help=f"tokens per text in evaluation and fine-tuning (default: {defaults.MAX_SEQ_LENGTH}, "
@@ -100,12 +100,13 @@ def parser() -> argparse.ArgumentParser:
         "--freeze-encoder-updates",
         type=nonneg_int,
         default=None,
-        help=f"updates that train only the new heads (default: {defaults.FREEZE_SHARE:.0%} of --updates when "
+        help=f"updates that train only the new heads (default: {defaults.FREEZE_SHARE:.0%}% of --updates when "
         "the model lacks a head the objective trains -- its MLM head, the objective's decoder -- else 0)",
     )
     g.add_argument("--encoder-warmup-updates", type=int, default=-1,
                    help="then the encoder's LR rises over this many updates (-1: as many as frozen)")  # fmt: skip
-    g.add_argument("--encoder-lr-scale", type=float, default=1.0, help="the encoder's LR = this x the heads'")
+    g.add_argument("--encoder-lr-scale", type=float, default=defaults.ENCODER_LR_SCALE,
+                   help=f"the encoder's LR = this x the heads' (default: {defaults.ENCODER_LR_SCALE})")  # fmt: skip
     g.add_argument("--layer-lr-decay", type=float, default=1.0, help="layer-wise LR decay (1: none)")
     g.add_argument("--generator-updates", type=positive_int, default=None,
                    help="SimLM from a model without MLM head: updates of its generator's head (default: "
@@ -292,20 +293,40 @@ def _has_split(folder: Path, split: str) -> bool:
 def main(argv: Optional[List[str]] = None, prog: str = "examples/adapt.py") -> int:
     """The command: the report, ``error:`` and exit 2, or, on SIGINT/SIGTERM/SIGHUP, every child
     stopped and 128 + the signal number (compare/interrupt.py)."""
+    return command(argv, prog, parser, build_plan, _run)
+
+
+def _run(plan: AdaptPlan) -> Path:
+    # everything that can be refused was checked before --out is created or touched
+    claim_out(plan.out)
+    lock_out(plan.out)
+    Adaptation(plan).run()
+    return plan.out
+
+
+def command(
+    argv: Optional[List[str]],
+    prog: str,
+    make_parser: Callable[[], argparse.ArgumentParser],
+    build: Callable[[argparse.Namespace, List[str], str], Any],
+    run: Callable[[Any], Path],
+) -> int:
+    """A command of this wing (adapt.py, adaptation_study.py): ``build`` the plan from the flags
+    (refusals: ``error:`` and exit 2, before anything is written), ``run`` it, print its report.md;
+    on SIGINT/SIGTERM/SIGHUP every child stopped and 128 + the signal number."""
     with handle_interrupts():
         try:
-            return _main(argv, prog)
+            return _command(list(sys.argv[1:] if argv is None else argv), prog, make_parser, build, run)
         except Interrupted as e:
             print(f"interrupted ({signal.Signals(e.signum).name}); rerun the same command to resume", file=sys.stderr)
             return e.exit_code
 
 
-def _main(argv: Optional[List[str]], prog: str) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
+def _command(argv: List[str], prog: str, make_parser, build, run) -> int:
+    args = make_parser().parse_args(argv)
     quiet_libraries()
     try:
-        plan = build_plan(args, argv, prog)
+        plan = build(args, argv, prog)
     except (ValueError, OutputError) as e:  # DataFormatError is a ValueError
         return report(e)
     if not args.gpu:  # fine-tuning and encoding in this process: as --flush-denormal in pre-training
@@ -313,14 +334,11 @@ def _main(argv: Optional[List[str]], prog: str) -> int:
 
         torch.set_flush_denormal(True)
     try:
-        # everything that can be refused was checked before --out is created or touched
-        claim_out(plan.out)
-        lock_out(plan.out)
-        Adaptation(plan).run()
+        out = run(plan)
     except Exception as e:
         code = report_stage_error(e)
         if code is None:
             raise
         return code
-    print((plan.out / "report.md").read_text(encoding="utf-8"))
+    print((out / "report.md").read_text(encoding="utf-8"))
     return 0

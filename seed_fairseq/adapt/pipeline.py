@@ -371,8 +371,8 @@ class Adaptation(Training):
 
         def body():
             model = self._load(who)
-            log(f"fine-tuning the {who} model on {p.train_queries} (train split)")
-            summary = finetune(model, load_data(p.train_queries, "train"), replace(p.finetune, seed=p.seed))
+            log(f"fine-tuning the {who} model on {self.train_set} (train split)")
+            summary = finetune(model, load_data(self.train_set, "train"), replace(p.finetune, seed=p.seed))
             folder = self.eval_dir(f"finetune-{who}")
             metrics = self._search(model, load_data(self.eval_set, p.test_split), folder, f"{who}-finetuned")
             write_json_atomic(folder / "summary.json", summary)

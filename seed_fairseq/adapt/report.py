@@ -247,6 +247,13 @@ def plot(data: Dict[str, Any], out: Path) -> Path:
     curve.set_xlabel("update")
     curve.set_title(f"{sel['metric']} at each validation", fontsize=9)
     curve.grid(alpha=0.3)
+    return save_png(fig, out)
+
+
+def save_png(fig, out: Path) -> Path:
+    """``fig`` laid out, written atomically to ``out`` and closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     with atomic_path(out, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110, format="png")
