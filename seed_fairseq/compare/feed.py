@@ -118,7 +118,7 @@ def flops_per_block(data_bin, args: List[str], batch_size: int = 2) -> Dict[str,
     with FlopCounterMode(display=False) as counter:
         loss, _, _ = criterion(model, sample)
         loss.backward()
-    return {"per_block": counter.get_total_flops() / batch_size, "tokens_per_block": float(sizes.max())}
+    return {"per_block": counter.get_total_flops() / batch_size, "tokens_per_block": float(sizes[full].mean())}
 
 
 def consumer_rate(flops_block: float, peak_flops: float = H100_SXM_BF16_DENSE, mfu: float = TARGET_MFU) -> float:
