@@ -54,8 +54,10 @@ if [ -n "$WHEELHOUSE" ]; then
     PIN="$VENV/torch-constraint.txt"
     if [ -n "$DRY_RUN" ]; then echo "+ echo torch==$TORCH > $PIN"; else echo "torch==$TORCH" > "$PIN"; fi
     run "${PIP[@]}" -c "$PIN" -r "$WHEELHOUSE/requirements.txt"
-    # fairseq and the plugin without their dependencies: requirements.txt holds them, less torchaudio
-    run "${PIP[@]}" -c "$PIN" --no-build-isolation --no-deps "$WH_FAIRSEQ"
+    # fairseq and the plugin without their dependencies: requirements.txt holds them, less torchaudio.
+    # fairseq compiles CUDA kernels of generation code (libnat_cuda, ngram_repeat_block_cuda) when
+    # CUDA_HOME is set: minutes of nvcc that text training never uses, so it is built without it
+    run env -u CUDA_HOME "${PIP[@]}" -c "$PIN" --no-build-isolation --no-deps "$WH_FAIRSEQ"
     run "${PIP[@]}" -c "$PIN" --no-build-isolation --no-deps -e .
     run "$VPY" -c "import fairseq, torch, seed_fairseq; print('fairseq', fairseq.__version__, '| torch', torch.__version__, '| seed_fairseq', seed_fairseq.__version__)"
     exit 0

@@ -124,6 +124,7 @@ def test_setup_env_keeps_the_installed_torch_even_when_the_wheelhouse_has_one(tm
     assert all(f"--no-index --find-links {wh}" in c for c in installs)
     assert not any("torch==" in c.split(" -c ")[0] for c in installs)
     assert all(f" -c {venv}/torch-constraint.txt " in c for c in installs[1:])
+    assert installs[2].startswith("env -u CUDA_HOME ")  # no nvcc for kernels text training never uses
     assert installs[2].endswith(f"--no-deps {wh}/fairseq_fixed-0.12.3.1.tar.gz")
 
 
