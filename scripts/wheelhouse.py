@@ -164,6 +164,20 @@ def stub_torch(folder):
     return version
 
 
+def platform_tags(tags):
+    """``tags`` and, for ``manylinux_2_N_ARCH``, the older glibc tags it runs (pip before 23.3 takes
+    ``--platform`` literally, and many wheels are tagged ``manylinux2014`` / ``manylinux_2_17``)."""
+    out = []
+    for tag in tags:
+        out.append(tag)
+        m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", tag)
+        if m:
+            glibc, arch = int(m.group(1)), m.group(2)
+            out += [f"manylinux_2_{g}_{arch}" for g in range(glibc - 1, 4, -1)]
+            out += [f"manylinux{alias}_{arch}" for g, alias in ((17, "2014"), (12, "2010"), (5, "1")) if g <= glibc]
+    return list(dict.fromkeys(out))
+
+
 def wheel_python(python, runner):
     if python == f"{sys.version_info[0]}.{sys.version_info[1]}":
         return runner
@@ -247,7 +261,7 @@ def download(args, runner, work, partial):
     install = sorted({str(r) for r in reqs + fairseq_reqs})
     wanted = sorted({*install, *BUILD, *(["torch"] if args.with_torch else [])})
     (work / "wanted.txt").write_text("\n".join(wanted) + "\n")
-    platform = [a for p in args.platform for a in ("--platform", p)]
+    platform = [a for p in platform_tags(args.platform) for a in ("--platform", p)]
     pip(wpy, "download", "--only-binary", ":all:", "--python-version", args.python, *platform,
         "-d", partial, "--find-links", partial, "--find-links", stub,
         "-c", work / "constraints.txt", "-r", work / "wanted.txt")  # fmt: skip
