@@ -66,6 +66,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak (default: by its name)")
     p.add_argument("--objectives", default=None, help="comma-separated names (default: all, and masked_lm)")
     p.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="the text the data set is built from")
+    p.add_argument(
+        "--vocab-size", type=int, default=None, help="sentencepiece pieces (default: 16384 on CUDA, 500 in the dry run)"
+    )
     args = p.parse_args(argv)
     if args.updates is not None and args.updates < 3:
         p.error("--updates must be at least 3 (losses falling compares the first and last third)")
@@ -86,6 +89,7 @@ class GpuCheck:
         self.data = out / "data-bin"
         self.checks: List[Check] = []
         self.objectives: Dict[str, Dict] = {}
+        self.first_updates: Dict[tuple, Dict[str, float]] = {}
 
     def add(self, check: Check) -> Check:
         self.checks.append(check)
@@ -120,19 +124,11 @@ class GpuCheck:
         build(self.data, text=[text], vocab_size=self.p.vocab_size, valid_docs=3, test_docs=2, workers=1)
 
     def make_generator(self) -> Check:
-        """SimLM's frozen generator: an untrained small masked LM saved by fairseq's trainer (its weights do
-        not matter for speed, memory or finiteness)."""
-        from .runs import Run
+        from .runs import save_generator
 
         path = self.work / "generator.pt"
         g = generator_setup(self.p)
-        run = Run(self.data, self.p.train_args(list(g.args), self.p.reference, 2, 1), self.p.device)
-        try:
-            run.step(run.next_sample())
-            run.trainer.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint does first
-            run.trainer.save_checkpoint(str(path), {})
-        finally:
-            run.close()
+        save_generator(self.data, self.p.train_args(list(g.args), self.p.reference, 2, 1), self.p.device, path)
         return Check("generator", PASS, f"SimLM's frozen generator (untrained, {' '.join(g.args[5:])}): {path}")
 
     def train_objective(self, name: str, setup: List[str], precision: str) -> Check:
@@ -187,9 +183,16 @@ class GpuCheck:
     def compare_precision(self, name: str, setup: List[str], precision: str) -> Check:
         from .runs import one_batch
 
-        batch = max(1, min(self.p.batch_start, 8))
-        ref = one_batch(self.data, self.p.train_args(setup, self.p.reference, batch, 1, dropout=False), self.p.device)
-        got = one_batch(self.data, self.p.train_args(setup, precision, batch, 1, dropout=False), self.p.device)
+        batch = max(2, min(self.p.batch_start, 8))
+
+        def first_update(p: str) -> Dict[str, float]:  # once per objective and precision (fp32: for every other)
+            key = (name, p)
+            if key not in self.first_updates:
+                args = self.p.train_args(setup, p, batch, 1, dropout=False)
+                self.first_updates[key] = one_batch(self.data, args, self.p.device)
+            return self.first_updates[key]
+
+        ref, got = first_update(self.p.reference), first_update(precision)
         loss_band, gnorm_band = BANDS[precision]
         rel = {k: abs(got[k] - ref[k]) / max(abs(ref[k]), 1e-12) for k in ("loss", "gnorm")}
         values = {"reference": ref, precision: got, "relative_difference": rel, "bands": [loss_band, gnorm_band]}
@@ -378,6 +381,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         profile = cuda_profile(args.updates or 30, args.peak_tflops)
     if args.updates:
         profile.updates = args.updates
+    if args.vocab_size:
+        profile.vocab_size = args.vocab_size
     only = [n.strip() for n in args.objectives.split(",") if n.strip()] if args.objectives else None
     say(f"{profile.device_name} x {max(1, profile.gpus)}: precisions {', '.join(profile.precisions)}; out {args.out}")
     check = GpuCheck(profile, args.out, args.corpus, only)

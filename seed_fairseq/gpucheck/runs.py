@@ -204,6 +204,19 @@ def _is_number(v) -> bool:
         return False
 
 
+def save_generator(data, args: List[str], device: str, path: Path) -> Path:
+    """SimLM's frozen generator: a masked LM after one update, saved by fairseq's trainer (its weights
+    do not matter for speed, memory or finiteness; docs/objectives/simlm.md says how to train one)."""
+    run = Run(data, args, device)
+    try:
+        run.step(run.next_sample())
+        run.trainer.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint does first
+        run.trainer.save_checkpoint(str(path), {})
+    finally:
+        run.close()
+    return path
+
+
 # ---------------------------------------------------------------------------
 # what the check does with runs
 # ---------------------------------------------------------------------------
