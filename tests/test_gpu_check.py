@@ -165,3 +165,67 @@ def test_dry_run_passes_every_check(tmp_path):
     assert "## The paper's run (1,000,000 updates x 256 x 512 tokens), projected" in md
     assert json.loads(proc.stdout.strip().splitlines()[-1])["passed"] is True
     assert os.path.isfile(out / "work" / "hf" / "config.json")
+
+
+class FakeRun:
+    """Stands in for ``runs.Run`` on a device: an update of more than ``room`` blocks runs out of memory,
+    and the updates listed in ``overflow`` overflow (fairseq then logs no loss)."""
+
+    made = []
+
+    def __init__(self, data, args, device, room=12, overflow=()):
+        self.room, self.overflow, self.calls, self.tokens, self.cuda_peak = room, set(overflow), 0, 0, 0
+        self.overflows = type("Counter", (), {"count": 0})()
+        self.trainer = type("T", (), {"zero_grad": lambda self: None})()
+        FakeRun.made.append(self)
+
+    def sample_of(self, blocks):
+        return {"blocks": blocks}
+
+    def next_sample(self):
+        return {"blocks": 4}
+
+    def step(self, sample, raise_oom=False):
+        if sample["blocks"] > self.room:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        self.calls += 1
+        self.tokens += 10
+        if self.calls in self.overflow:
+            self.overflows.count += 1
+            return {"seconds": 0.5, "loss_scale": 64.0}
+        return {"seconds": 0.5, "loss": 10.0 - self.calls, "gnorm": 1.0, "loss_scale": 128.0}
+
+    def counted_step(self, sample):
+        return dict(self.step(sample), flops=1000.0, tokens=10.0)
+
+    def close(self):
+        pass
+
+
+def test_the_search_predicate_answers_out_of_memory_with_false(monkeypatch):
+    from seed_fairseq.gpucheck import runs
+
+    monkeypatch.setattr(runs, "Run", FakeRun)
+    probe = runs.fits("data", [], "cpu")
+    assert largest_batch(probe, start=8, limit=256, probes=7)[0] == 12
+    probe.close()
+    FakeRun.made.clear()
+    # any other error is not "does not fit": it is raised
+    monkeypatch.setattr(FakeRun, "sample_of", lambda self, blocks: {"blocks": "x"})
+    with pytest.raises(TypeError):
+        runs.fits("data", [], "cpu")(8)
+
+
+def test_an_overflowed_update_is_counted_not_a_nan_loss(monkeypatch):
+    from seed_fairseq.gpucheck import runs
+
+    monkeypatch.setattr(runs, "Run", lambda data, args, device: FakeRun(data, args, device, overflow={2}))
+    t = runs.train("data", [], "cpu", updates=6, batch=4)
+    assert t.losses == [9.0, 7.0, 6.0, 5.0, 4.0] and t.overflows == 1
+    assert t.loss_scales == [128.0, 64.0, 128.0, 128.0, 128.0, 128.0]
+    assert t.finite and t.falling
+    assert t.tokens == 50 and t.seconds == 2.5 and t.words_per_second == 20.0  # the first update is not timed
+    assert t.flops_per_token == 100.0 and t.mfu(1e-12) == pytest.approx(100.0 * 20.0 / 1.0)
+    # losses that do not fall, or a NaN, are what the check fails on
+    assert not runs.Training(4, 3, losses=[5.0, 5.0, 5.1]).falling
+    assert not runs.Training(4, 3, losses=[5.0, float("nan"), 4.0]).finite

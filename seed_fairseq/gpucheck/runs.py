@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 USER_DIR = str(Path(__file__).resolve().parents[1])
+OVERFLOW_RETRIES = 8  # fp16's loss scale starts at 128: a fixed batch that overflows is retried at 64, 32 ...
 
 
 class Unsupported(Exception):
@@ -127,6 +128,8 @@ class Run:
         self.overflows = _OverflowCounter()
         self.torch = torch
         self.metrics = metrics
+        self.cuda_peak = 0  # CUDA: the largest peak fairseq's trainer reset during this run's updates
+        self._reset_peak = torch.cuda.reset_peak_memory_stats
 
     def _count_tokens(self, module, args, kwargs):
         src = args[0] if args else kwargs["src_tokens"]
@@ -163,6 +166,10 @@ class Run:
         """One update; its logged values (``loss``, ``gnorm``, ``loss_scale`` ...) and ``seconds``."""
         logger = logging.getLogger("fairseq.trainer")
         logger.addHandler(self.overflows)
+        cuda = self.torch.cuda
+        reset = cuda.reset_peak_memory_stats
+        if self.device == "cuda":  # fairseq's trainer resets the peak after every update (its gb_free): keep it
+            cuda.reset_peak_memory_stats = self._keep_peak
         synchronize(self.device)
         start = time.perf_counter()
         try:
@@ -171,6 +178,7 @@ class Run:
             synchronize(self.device)
         finally:
             logger.removeHandler(self.overflows)
+            cuda.reset_peak_memory_stats = reset
         values = {k: float(v) for k, v in agg.get_smoothed_values().items() if _is_number(v)}
         values.update({k: float(v) for k, v in (out or {}).items() if _is_number(v)})
         values["seconds"] = time.perf_counter() - start
@@ -178,6 +186,10 @@ class Run:
         if scaler is not None:
             values["loss_scale"] = float(scaler)
         return values
+
+    def _keep_peak(self, *args, **kwargs) -> None:
+        self.cuda_peak = max(self.cuda_peak, int(self.torch.cuda.max_memory_allocated()))
+        self._reset_peak(*args, **kwargs)
 
     def counted_step(self, sample: dict) -> Dict[str, float]:
         """:meth:`step` under ``compare/flops.py``'s counter: its values, plus ``flops`` and the encoder's
@@ -299,6 +311,7 @@ def train(data, args: List[str], device: str, updates: int, batch: int) -> Train
     result = Training(batch=batch, updates=updates)
     try:
         reset_peak_memory(device)
+        run.cuda_peak = 0
         for i in range(updates):
             sample = run.next_sample()
             if i == 0:
@@ -310,11 +323,13 @@ def train(data, args: List[str], device: str, updates: int, batch: int) -> Train
                 values = run.step(sample)
                 result.tokens += run.tokens - before
                 result.seconds += values["seconds"]
-            result.losses.append(values.get("loss", float("nan")))
-            result.gnorms.append(values.get("gnorm", float("nan")))
             if "loss_scale" in values:
                 result.loss_scales.append(values["loss_scale"])
-        result.peak_memory = peak_memory(device)
+            if "loss" not in values and run.overflows.count:
+                continue  # an fp16 overflow: fairseq skipped the update and logged no loss
+            result.losses.append(values.get("loss", float("nan")))
+            result.gnorms.append(values.get("gnorm", float("nan")))
+        result.peak_memory = max(run.cuda_peak, peak_memory(device) or 0) or None
         result.overflows = run.overflows.count
     finally:
         run.close()
@@ -325,7 +340,11 @@ def one_batch(data, args: List[str], device: str) -> Dict[str, float]:
     """loss and gnorm of the first update of ``args`` (the fixed batch of the precision check)."""
     run = Run(data, args, device)
     try:
-        values = run.step(run.next_sample())
+        sample = run.next_sample()
+        for _ in range(OVERFLOW_RETRIES):  # an fp16 overflow changes no weight: the same batch again, scale halved
+            values = run.step(sample)
+            if "loss" in values:
+                break
     finally:
         run.close()
     return {"loss": values.get("loss", float("nan")), "gnorm": values.get("gnorm", float("nan"))}
