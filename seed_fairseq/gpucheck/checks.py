@@ -74,28 +74,33 @@ def fairseq_train(
     return save_dir / "checkpoint_last.pt"
 
 
-def data_parallel(
+def one_update_args(args: List[str], batch: int) -> List[str]:
+    """One plain SGD step of ``batch`` blocks, batches in order (the data-parallel check's runs)."""
+    return [*args, *SGD_ONE_STEP, "--curriculum", "1", "--batch-size", str(batch), "--max-update", "1"]
+
+
+def one_process(data, work: Path, args: List[str], batch: int, say: Callable[[str], None]) -> Path:
+    """``fairseq-train``: one update of 1 process x ``batch`` x ``--update-freq 2``; its checkpoint."""
+    cmd = [*one_update_args(args, batch), "--update-freq", "2"]
+    return fairseq_train(data, work / "freq2", cmd, work / "freq2.log", say)
+
+
+def two_processes_equal(
     data,
     work: Path,
     args: List[str],
     batch: int,
-    processes: int,
+    reference: Path,
     backend: str,
     ddp_backend: str,
     say: Callable[[str], None],
     atol: float,
     rtol: float,
 ) -> Dict[str, float]:
-    """One update of 1 process x ``--update-freq 2`` and, with ``processes`` >= 2, of 2 processes x 1;
-    the largest weight difference between the two (CheckFailed above ``atol + rtol * |w|``).
-    Returns {"checkpoint": the one-process run's checkpoint, "max_abs_diff": ...}."""
+    """One update of 2 processes x ``batch`` (``torchrun``) leaves the weights of ``reference`` (1 process x
+    ``--update-freq 2``): the largest excess of ``|difference| - rtol * |w|`` (CheckFailed above ``atol``)."""
     from ..checkpoint import load_torch_file
 
-    common = [*args, *SGD_ONE_STEP, "--curriculum", "1", "--batch-size", str(batch), "--max-update", "1"]
-    one = fairseq_train(data, work / "freq2", [*common, "--update-freq", "2"], work / "freq2.log", say)
-    out: Dict[str, object] = {"checkpoint": str(one)}
-    if processes < 2:
-        return out
     launcher = [
         sys.executable,
         "-m",
@@ -106,8 +111,9 @@ def data_parallel(
         str(free_port()),
     ]
     extra = ["--distributed-world-size", "2", "--distributed-backend", backend, "--ddp-backend", ddp_backend]
-    two = fairseq_train(data, work / "two", [*common, *extra], work / "two.log", say, launcher=launcher)
-    w_one = load_torch_file(one)["model"]
+    cmd = [*one_update_args(args, batch), *extra]
+    two = fairseq_train(data, work / "two", cmd, work / "two.log", say, launcher=launcher)
+    w_one = load_torch_file(reference)["model"]
     w_two = load_torch_file(two)["model"]
     worst, worst_name = 0.0, ""
     for name, value in w_one.items():
@@ -115,12 +121,11 @@ def data_parallel(
         excess = float((diff - rtol * value.float().abs()).max())
         if excess > worst:
             worst, worst_name = excess, name
-    out["max_excess"] = worst
     if worst > atol:
         raise CheckFailed(
             f"2 processes differ from 1 process x --update-freq 2 in {worst_name} by {worst:.3g} > {atol:g}"
         )
-    return out
+    return {"max_excess": worst}
 
 
 def export_and_compare(

@@ -221,7 +221,7 @@ class GpuCheck:
                 )
 
     def data_parallel(self) -> Check:
-        from .checks import data_parallel
+        from .checks import one_process, two_processes_equal
 
         setup = self.setup_args[DP_OBJECTIVE]
         batch = 4 if self.p.tiny else 8
@@ -234,18 +234,18 @@ class GpuCheck:
         atol, rtol = (1e-6, 1e-4) if self.p.device == "cpu" else (1e-5, 1e-3)
         dp_dir = self.work / "data-parallel"
         dp_dir.mkdir(parents=True, exist_ok=True)
-        got = data_parallel(self.data, dp_dir, args, batch, processes, self.p.backend, ddp, say, atol, rtol)
-        self.checkpoint = Path(got["checkpoint"])
+        self.checkpoint = one_process(self.data, dp_dir, args, batch, say)  # also the export's checkpoint
         if processes < 2:
             return Check(
                 "data parallel", SKIP, f"{self.p.gpus} GPU: the 2-process run needs 2 (1 process x --update-freq 2 ran)"
             )
+        got = two_processes_equal(self.data, dp_dir, args, batch, self.checkpoint, self.p.backend, ddp, say, atol, rtol)
         return Check(
             "data parallel",
             PASS,
             f"2 processes ({self.p.backend}) = 1 process x --update-freq 2: weights within {atol:g} + {rtol:g} x |w| "
             f"(worst excess {got['max_excess']:.2g})",
-            {k: v for k, v in got.items() if k != "checkpoint"},
+            got,
         )
 
     def export(self) -> Check:
