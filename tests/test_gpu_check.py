@@ -229,3 +229,35 @@ def test_an_overflowed_update_is_counted_not_a_nan_loss(monkeypatch):
     # losses that do not fall, or a NaN, are what the check fails on
     assert not runs.Training(4, 3, losses=[5.0, 5.0, 5.1]).falling
     assert not runs.Training(4, 3, losses=[5.0, float("nan"), 4.0]).finite
+
+
+def test_fairseq_overflow_notes_are_counted():
+    import logging
+
+    from seed_fairseq.gpucheck.runs import _OverflowCounter, counting_overflows
+
+    logger = logging.getLogger("fairseq.trainer")  # fairseq/trainer.py's logger, not configured here
+    level = logger.level
+    with counting_overflows(_OverflowCounter()) as counter:
+        # fairseq 0.12's note at INFO (trainer.py, train_step: "except OverflowError")
+        logger.info("NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0")
+        logger.info("NOTE: your device does NOT support faster training with --fp16 or --amp")
+    logger.info("NOTE: gradient overflow detected, ignoring gradient")  # after: not counted
+    assert counter.count == 1
+    assert logger.level == level and counter not in logger.handlers
+
+
+def test_bf16_on_cuda_is_skipped_with_fairseqs_reason(tmp_path):
+    """fairseq 0.12 turns --bf16 into --tpu: on CUDA the run is refused before anything is built."""
+    from seed_fairseq.gpucheck.runs import Run, Unsupported
+
+    args = ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_base", "--bf16"]
+    with pytest.raises(Unsupported, match="--bf16 into --tpu"):
+        Run(tmp_path, args, "cuda")
+
+
+def test_an_unknown_objective_is_one_error_line(tmp_path, capsys):
+    assert cli.main(["--dry-run", "--out", str(tmp_path / "out"), "--objectives", "seed,bert"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --objectives: unknown bert; choose from seed,seed_full,") and "\n" not in err
+    assert not (tmp_path / "out").exists()

@@ -366,6 +366,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.corpus.is_file():
         print(f"error: {args.corpus}: corpus not found (pass --corpus FILE)", file=sys.stderr)
         return 2
+    only = [n.strip() for n in args.objectives.split(",") if n.strip()] if args.objectives else None
+    if only:
+        known = [s.name for s in setups(dry_run_profile(), "generator.pt")]
+        unknown = [n for n in only if n not in known]
+        if unknown:
+            print(f"error: --objectives: unknown {', '.join(unknown)}; choose from {','.join(known)}", file=sys.stderr)
+            return 2
     try:
         check_output_dir(args.out, RECORD, TOOL)
     except OutputError as e:
@@ -383,7 +390,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         profile.updates = args.updates
     if args.vocab_size:
         profile.vocab_size = args.vocab_size
-    only = [n.strip() for n in args.objectives.split(",") if n.strip()] if args.objectives else None
     say(f"{profile.device_name} x {max(1, profile.gpus)}: precisions {', '.join(profile.precisions)}; out {args.out}")
     check = GpuCheck(profile, args.out, args.corpus, only)
     try:

@@ -17,6 +17,7 @@ counts them); and the FLOPs of one update, counted with ``FlopCounterMode`` like
 ``compare/flops.py`` (matrix products and attention, 2 FLOPs per multiply-add).
 """
 
+import contextlib
 import gc
 import logging
 import math
@@ -24,7 +25,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 USER_DIR = str(Path(__file__).resolve().parents[1])
 OVERFLOW_RETRIES = 8  # fp16's loss scale starts at 128: a fixed batch that overflows is retried at 64, 32 ...
@@ -44,6 +45,21 @@ class _OverflowCounter(logging.Handler):
     def emit(self, record):
         if "gradient overflow" in record.getMessage():
             self.count += 1
+
+
+@contextlib.contextmanager
+def counting_overflows(counter: _OverflowCounter) -> Iterator[_OverflowCounter]:
+    """``counter`` sees fairseq's trainer notes meanwhile (at INFO: outside fairseq-train nothing configured
+    logging, and the default WARNING level would drop them before any handler)."""
+    logger = logging.getLogger("fairseq.trainer")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(counter)
+    try:
+        yield counter
+    finally:
+        logger.removeHandler(counter)
+        logger.setLevel(level)
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -164,8 +180,6 @@ class Run:
 
     def step(self, sample: dict, raise_oom: bool = False) -> Dict[str, float]:
         """One update; its logged values (``loss``, ``gnorm``, ``loss_scale`` ...) and ``seconds``."""
-        logger = logging.getLogger("fairseq.trainer")
-        logger.addHandler(self.overflows)
         cuda = self.torch.cuda
         reset = cuda.reset_peak_memory_stats
         if self.device == "cuda":  # fairseq's trainer resets the peak after every update (its gb_free): keep it
@@ -173,11 +187,10 @@ class Run:
         synchronize(self.device)
         start = time.perf_counter()
         try:
-            with self.metrics.aggregate(new_root=True) as agg:
+            with counting_overflows(self.overflows), self.metrics.aggregate(new_root=True) as agg:
                 out = self.trainer.train_step([sample], raise_oom=raise_oom)
             synchronize(self.device)
         finally:
-            logger.removeHandler(self.overflows)
             cuda.reset_peak_memory_stats = reset
         values = {k: float(v) for k, v in agg.get_smoothed_values().items() if _is_number(v)}
         values.update({k: float(v) for k, v in (out or {}).items() if _is_number(v)})
