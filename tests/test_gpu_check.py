@@ -261,3 +261,27 @@ def test_an_unknown_objective_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --objectives: unknown bert; choose from seed,seed_full,") and "\n" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "name, bf16, precisions, skipped",
+    [
+        ("Tesla V100-SXM2-32GB", False, ("fp16",), ["bf16"]),
+        ("NVIDIA H100 80GB HBM3", True, ("fp16", "bf16"), []),
+    ],
+)
+def test_the_cuda_profile(monkeypatch, name, bf16, precisions, skipped):
+    """What a GPU run checks, on a V100 (no bf16 units) and an H100 (its bf16 runs are then refused by
+    fairseq 0.12 itself, run by run: test_bf16_on_cuda_is_skipped_with_fairseqs_reason)."""
+    import torch
+
+    from seed_fairseq.gpucheck.profile import cuda_profile
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    p = cuda_profile(updates=30)
+    assert (p.device, p.backend, p.tiny, p.tokens_per_sample, p.gpus) == ("cuda", "nccl", False, 512, 2)
+    assert p.precisions == precisions and sorted(p.skipped_precisions) == skipped
+    assert p.precision_flags("fp16") == ["--fp16"] and p.encoder_args() == []
+    assert p.peak("fp16") == peak_tflops(name, "fp16") > 100
