@@ -387,8 +387,11 @@ def test_split_views_equal_the_one_batch_path_without_dropout(contract_data):
     model.train()
     assert not model.views_in_one_batch and model.recompute_view_1  # the default
     loss, grads = _loss_and_grads(criterion, model, sample)
-    model.views_in_one_batch = True
-    loss_one, grads_one = _loss_and_grads(criterion, model, sample)
+    _, one_batch, _ = build(CPDAE, contract_data, *no_dropout, "--cpdae-views-in-one-batch")
+    assert one_batch.views_in_one_batch
+    one_batch.load_state_dict(model.state_dict())
+    one_batch.train()
+    loss_one, grads_one = _loss_and_grads(criterion, one_batch, sample)
     torch.testing.assert_close(loss, loss_one, rtol=1e-6, atol=1e-5)
     assert grads.keys() == grads_one.keys() and len(grads) == len(list(model.parameters()))
     for name, grad in grads_one.items():
