@@ -457,6 +457,61 @@ def test_one_view_of_activations_is_alive_at_a_time(contract_data):
     assert split < 0.6 * one_batch, (split, one_batch)
 
 
+DDP_ARGS = ("--dropout", "0", "--attention-dropout", "0", "--contrastive-weight", "0")
+
+
+def _two_batches(task):
+    task.load_dataset("train")
+    itr = task.get_batch_iterator(task.dataset("train"), max_sentences=3, seed=1).next_epoch_itr(shuffle=False)
+    return [next(itr), next(itr)]
+
+
+def _ddp_worker(rank, world, init_file, data, out_dir):
+    import torch.distributed as dist
+    from fairseq.distributed import ModuleProxyWrapper
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        task, model, criterion = build(CPDAE, data, *DDP_ARGS)
+        ddp = ModuleProxyWrapper(DistributedDataParallel(model.train()))
+        loss, _, _ = criterion(ddp, _two_batches(task)[rank])
+        loss.backward()  # DDP's reducer: every gradient ready exactly once, then averaged over the workers
+        torch.save({n: p.grad for n, p in model.named_parameters()}, f"{out_dir}/ddp_{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_recomputed_view_trains_under_pytorch_ddp(contract_data, tmp_path):
+    """torch's DistributedDataParallel (fairseq's --ddp-backend pytorch_ddp, which fairseq-train
+    cannot start on the CPU) with view 1 recomputed in backward: the reducer takes every
+    parameter's gradient once, and averages the workers' gradients of their own batches."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_worker, args=(2, tmp_path / "rendezvous", contract_data, tmp_path), nprocs=2, join=True)
+    torch.manual_seed(0)
+    task, model, criterion = build(CPDAE, contract_data, *DDP_ARGS)
+    model.train()
+    from seed_fairseq.data.update_counts import UPDATE_COUNTS
+
+    expected = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    batches = _two_batches(task)
+    counts = [task.term_counts(b) for b in batches]
+    for sample in batches:  # each worker's loss divides by the update's counts: both batches'
+        sample[UPDATE_COUNTS] = {k: counts[0][k] + counts[1][k] for k in counts[0]}
+        model.zero_grad()
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+        for n, p in model.named_parameters():
+            expected[n] += p.grad / 2
+    assert any(float(g.abs().max()) > 0 for n, g in expected.items() if n.startswith("encoder.sentence_encoder.layers"))
+    for rank in range(2):
+        grads = torch.load(tmp_path / f"ddp_{rank}.pt")
+        for name, grad in expected.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
 # ---------------------------------------------------------------------------
 # bad input
 # ---------------------------------------------------------------------------
