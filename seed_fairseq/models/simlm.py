@@ -20,7 +20,7 @@ Memory: each decoder layer runs under ``torch.utils.checkpoint`` (non-reentrant:
 recomputed dropout masks are the forward's, so loss and gradients are bitwise those of
 keeping the activations).  The decoder's backward comes first, while every encoder
 activation is still alive: recomputed layer by layer, only one decoder layer's
-activations join them at a time, for one extra forward of the decoder (about 2% of the
+activations join them at a time, for one extra forward of the decoder (about 3% of the
 step's FLOPs at base shape).
 """
 
