@@ -12,7 +12,9 @@ Runs, one after the other (never two at a time, so they do not slow each other d
 4. ``preprocess_throughput.py``: MB/s per stage at 1 and ``--workers`` workers, vs raw
    sentencepiece, and extraction vs WikiExtractor (skipped with a note when absent);
 5. ``encode_throughput.py``: corpus encoding docs/s vs ``SentenceTransformer.encode`` for
-   fp32 / bf16 / int8, with the MRR@10 change of each.
+   fp32 / bf16 / int8, with the MRR@10 change of each;
+6. ``data_pipeline.py``: blocks/s one data-loader worker produces vs what an H100 consumes at
+   40% MFU, per objective (``--quick``: the producers only, no base-shape FLOP count).
 
 Prints the machine (CPU, cores, memory, load average before and after), then the table
 (markdown). ``--update-readme`` writes the machine and the table into
@@ -235,6 +237,20 @@ def table(results):
                     cmd,
                 )
             )
+    if results.get("pipeline"):
+        r, cmd = results["pipeline"]
+        for row in r["rows"]:
+            workers = row.get("workers_needed")
+            rows.append(
+                (
+                    f"data-loader workers per H100 at 40% MFU, {row['objective']}",
+                    "n/a" if workers is None else fmt(workers),
+                    f"one worker {row['blocks_per_cpu_s']:.0f} blocks/CPU s"
+                    + ("" if workers is None else f", H100 {row['consumed_per_s']:.0f} blocks/s")
+                    + "; target <= 4",
+                    cmd,
+                )
+            )
     lines = ["| measurement | ratio | details | command |", "| --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | `{d}` |" for a, b, c, d in rows]
     return "\n".join(lines)
@@ -281,6 +297,7 @@ def main(argv=None):
             pre += ["--wikiextractor-python", args.wikiextractor_python]
         results["preprocess"] = run("preprocess", "preprocess_throughput.py", pre, tmp)
         results["encode"] = run("encode", "encode_throughput.py", threads, tmp)
+        results["pipeline"] = run("pipeline", "data_pipeline.py", ["--no-flops"] if args.quick else [], tmp)
     results = {k: v for k, v in results.items() if v and v[0] is not None}
     load_after = os.getloadavg()
     text = (

@@ -366,6 +366,153 @@ def test_bfloat16_forward_and_backward_are_finite(contract_data, contrast):
 
 
 # ---------------------------------------------------------------------------
+# memory: view 1 recomputed in backward (models/cpdae.py) against the one-batch path
+# ---------------------------------------------------------------------------
+
+
+def _loss_and_grads(criterion, model, sample):
+    model.zero_grad()
+    loss, _, _ = criterion(model, sample)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_split_views_equal_the_one_batch_path_without_dropout(contract_data):
+    """Two encoder calls (view 1 recomputed) == one (2B, T) batch: the same loss and every
+    parameter's gradient up to float summation order (without dropout: the two paths draw
+    their dropout masks differently)."""
+    no_dropout = ("--dropout", "0", "--attention-dropout", "0")
+    task, model, criterion = build(CPDAE, contract_data, *no_dropout)
+    sample = _batch(task, 5, split="train")
+    model.train()
+    assert not model.views_in_one_batch and model.recompute_view_1  # the default
+    loss, grads = _loss_and_grads(criterion, model, sample)
+    _, one_batch, _ = build(CPDAE, contract_data, *no_dropout, "--cpdae-views-in-one-batch")
+    assert one_batch.views_in_one_batch
+    one_batch.load_state_dict(model.state_dict())
+    one_batch.train()
+    loss_one, grads_one = _loss_and_grads(criterion, one_batch, sample)
+    torch.testing.assert_close(loss, loss_one, rtol=1e-6, atol=1e-5)
+    assert grads.keys() == grads_one.keys() and len(grads) == len(list(model.parameters()))
+    for name, grad in grads_one.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_recomputed_view_replays_its_dropout_exactly(contract_data):
+    """With dropout on, recomputing view 1 gives bitwise the loss and gradients of keeping
+    its activations, and leaves the RNG where it was (an exact resume stays exact)."""
+    task, model, criterion = build(CPDAE, contract_data)
+    assert model.args.dropout > 0 and model.args.attention_dropout > 0
+    sample = _batch(task, 5, split="train")
+    model.train()
+    results = {}
+    for recompute in (True, False):
+        model.recompute_view_1 = recompute
+        torch.manual_seed(3)
+        results[recompute] = (*_loss_and_grads(criterion, model, sample), torch.rand(4))
+    (loss, grads, after), (loss_kept, grads_kept, after_kept) = results[True], results[False]
+    assert torch.equal(loss, loss_kept) and torch.equal(after, after_kept)
+    for name, grad in grads_kept.items():
+        assert torch.equal(grads[name], grad), name
+
+
+def _saved_bytes_and_events(criterion, model, sample):
+    """Bytes autograd saves outside checkpointed regions in the forward, and the order of the
+    backward: the gradient reaching each encoder call's embeddings, the recomputation."""
+    events, saved, phase = [], [0], ["forward"]
+
+    def on_embed(module, inputs, output):
+        if phase[0] == "backward":
+            events.append("recompute")
+        elif output.requires_grad:
+            call = sum(e.startswith("forward") for e in events) + 1
+            events.append(f"forward {call}")
+            output.register_hook(lambda grad: events.append(f"grad {call}"))
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    handle = model.encoder.sentence_encoder.embed_tokens.register_forward_hook(on_embed)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss, _, _ = criterion(model, sample)
+        phase[0] = "backward"
+        loss.backward()
+    finally:
+        handle.remove()
+    return saved[0], events
+
+
+def test_one_view_of_activations_is_alive_at_a_time(contract_data):
+    """The forward keeps view 2's activations only (view 1's are recomputed), and the
+    backward finishes view 2 before it recomputes view 1."""
+    task, model, criterion = build(CPDAE, contract_data)
+    sample = _batch(task, 5, split="train")
+    model.train()
+    split, events = _saved_bytes_and_events(criterion, model, sample)
+    assert events == ["forward 1", "forward 2", "grad 2", "recompute", "grad 1"]
+    model.views_in_one_batch = True
+    one_batch, _ = _saved_bytes_and_events(criterion, model, sample)
+    assert split < 0.6 * one_batch, (split, one_batch)
+
+
+DDP_ARGS = ("--dropout", "0", "--attention-dropout", "0", "--contrastive-weight", "0")
+
+
+def _two_batches(task):
+    task.load_dataset("train")
+    itr = task.get_batch_iterator(task.dataset("train"), max_sentences=3, seed=1).next_epoch_itr(shuffle=False)
+    return [next(itr), next(itr)]
+
+
+def _ddp_worker(rank, world, init_file, data, out_dir):
+    import torch.distributed as dist
+    from fairseq.distributed import ModuleProxyWrapper
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        task, model, criterion = build(CPDAE, data, *DDP_ARGS)
+        ddp = ModuleProxyWrapper(DistributedDataParallel(model.train()))
+        loss, _, _ = criterion(ddp, _two_batches(task)[rank])
+        loss.backward()  # DDP's reducer: every gradient ready exactly once, then averaged over the workers
+        torch.save({n: p.grad for n, p in model.named_parameters()}, f"{out_dir}/ddp_{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_recomputed_view_trains_under_pytorch_ddp(contract_data, tmp_path):
+    """torch's DistributedDataParallel (fairseq's --ddp-backend pytorch_ddp, which fairseq-train
+    cannot start on the CPU) with view 1 recomputed in backward: the reducer takes every
+    parameter's gradient once, and averages the workers' gradients of their own batches."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_worker, args=(2, tmp_path / "rendezvous", contract_data, tmp_path), nprocs=2, join=True)
+    torch.manual_seed(0)
+    task, model, criterion = build(CPDAE, contract_data, *DDP_ARGS)
+    model.train()
+    from seed_fairseq.data.update_counts import UPDATE_COUNTS
+
+    expected = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    batches = _two_batches(task)
+    counts = [task.term_counts(b) for b in batches]
+    for sample in batches:  # each worker's loss divides by the update's counts: both batches'
+        sample[UPDATE_COUNTS] = {k: counts[0][k] + counts[1][k] for k in counts[0]}
+        model.zero_grad()
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+        for n, p in model.named_parameters():
+            expected[n] += p.grad / 2
+    assert any(float(g.abs().max()) > 0 for n, g in expected.items() if n.startswith("encoder.sentence_encoder.layers"))
+    for rank in range(2):
+        grads = torch.load(tmp_path / f"ddp_{rank}.pt")
+        for name, grad in expected.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+# ---------------------------------------------------------------------------
 # bad input
 # ---------------------------------------------------------------------------
 

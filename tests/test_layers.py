@@ -53,6 +53,7 @@ LAYERS: List[List[str]] = [
     ["seed_fairseq.dupmae"],
     ["seed_fairseq.compare"],
     ["seed_fairseq.adapt"],  # the whole flow: over compare, retrieval and hf
+    ["seed_fairseq.gpucheck"],  # one-command GPU verification: over preprocess, hf, retrieval and compare
 ]
 # Import paths kept for old code: modules that only re-export a moved module.
 ALIASES = {
@@ -77,6 +78,7 @@ FAIRSEQ_FREE = (
     "seed_fairseq.compare",
     "seed_fairseq.adapt",
     "seed_fairseq.dupmae",
+    "seed_fairseq.gpucheck",
     "preprocess",
 )
 

@@ -330,6 +330,70 @@ def test_bfloat16_forward_and_loss_are_finite(contract_data, simlm_generator):
     assert next(task.generator.model.parameters()).dtype == torch.bfloat16  # runs in the model's precision
 
 
+def _loss_grads_rng(criterion, model, batch):
+    model.zero_grad()
+    torch.manual_seed(3)
+    loss, _, _ = criterion(model, batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, torch.rand(4)
+
+
+def test_recomputed_decoder_layers_are_bitwise_the_kept_ones(contract_data, simlm_generator):
+    """Dropout on: recomputing the decoder layers in backward gives bitwise the loss and every
+    parameter's gradient of keeping their activations, and leaves the RNG where it was."""
+    task, model, criterion, _ = build(contract_data, simlm_generator)
+    assert model.args.dropout > 0 and model.args.attention_dropout > 0
+    batch = first_batch(task, split="train", n=5)
+    model.train()
+    assert model.recompute_decoder  # the default
+    loss, grads, after = _loss_grads_rng(criterion, model, batch)
+    model.recompute_decoder = False
+    loss_kept, grads_kept, after_kept = _loss_grads_rng(criterion, model, batch)
+    assert torch.equal(loss, loss_kept) and torch.equal(after, after_kept)
+    assert len(grads_kept) == len(list(model.parameters()))
+    assert any(n.startswith("simlm_decoder.") for n in grads_kept)
+    for name, grad in grads_kept.items():
+        assert torch.equal(grads[name], grad), name
+
+
+def _saved_bytes_and_decoder_calls(criterion, model, batch):
+    calls, saved, phase = [], [0], ["forward"]
+    handles = [
+        layer.register_forward_pre_hook(lambda module, args, i=i: calls.append(f"{phase[0]} {i}"))
+        for i, layer in enumerate(model.simlm_decoder)
+    ]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss, _, _ = criterion(model, batch)
+        phase[0] = "backward"
+        loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return saved[0], calls
+
+
+def test_decoder_layers_are_recomputed_one_at_a_time(contract_data, simlm_generator):
+    """The forward keeps no decoder-layer activations, and backward recomputes the layers
+    one by one, last first (one decoder layer's activations alive at a time)."""
+    task, model, criterion, _ = build(contract_data, simlm_generator)
+    batch = first_batch(task, split="train", n=5)
+    model.train()
+    recomputed, calls = _saved_bytes_and_decoder_calls(criterion, model, batch)
+    assert calls == ["forward 0", "forward 1", "backward 1", "backward 0"]
+    model.recompute_decoder = False
+    kept, calls = _saved_bytes_and_decoder_calls(criterion, model, batch)
+    assert calls == ["forward 0", "forward 1"]
+    # 2 encoder + 2 decoder layers of the same shape: the decoder's are well over a quarter
+    assert recomputed < 0.8 * kept, (recomputed, kept)
+
+
 # ---------------------------------------------------------------------------
 # the frozen generator
 # ---------------------------------------------------------------------------

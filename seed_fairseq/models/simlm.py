@@ -15,6 +15,13 @@ the encoder's embedding module (token + position + LayerNorm + dropout), as in
 the reference code.  The decoder lives under ``simlm_decoder.*``, declared
 pre-training-only, so ``seed-drop-heads`` and the HuggingFace export keep the
 encoder alone.  The generator is not part of the model (see ``generator.py``).
+
+Memory: each decoder layer runs under ``torch.utils.checkpoint`` (non-reentrant: the
+recomputed dropout masks are the forward's, so loss and gradients are bitwise those of
+keeping the activations).  The decoder's backward comes first, while every encoder
+activation is still alive: recomputed layer by layer, only one decoder layer's
+activations join them at a time, for one extra forward of the decoder (about 3% of the
+step's FLOPs at base shape).
 """
 
 import copy
@@ -25,6 +32,7 @@ import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.utils import safe_getattr
+from torch.utils.checkpoint import checkpoint
 
 from .bottleneck import BottleneckEncoderModel, tiny_encoder
 
@@ -68,6 +76,7 @@ class SimLMModel(BottleneckEncoderModel):
         layers = encoder.sentence_encoder.layers
         n = args.decoder_layers
         self.simlm_decoder = copy.deepcopy(layers[len(layers) - n :]) if n > 0 else None
+        self.recompute_decoder = True  # off: keep the decoder layers' activations (tests compare the paths)
 
     def decode(self, cls: torch.Tensor, dec_tokens: torch.Tensor) -> torch.Tensor:
         """Decoder features ``(batch, time, dim)`` from the encoder's [CLS] vector ``(batch, dim)``
@@ -80,8 +89,12 @@ class SimLMModel(BottleneckEncoderModel):
         if has_pads:
             x = x * (1 - padding.unsqueeze(-1).type_as(x))
         x = x.transpose(0, 1)
+        recompute = self.recompute_decoder and torch.is_grad_enabled()
         for layer in self.simlm_decoder:
-            x = layer(x, encoder_padding_mask=padding if has_pads else None)
+            if recompute:
+                x = checkpoint(layer, x, padding if has_pads else None, use_reentrant=False)
+            else:
+                x = layer(x, encoder_padding_mask=padding if has_pads else None)
             if isinstance(x, tuple):  # layers built with return_fc
                 x = x[0]
         return x.transpose(0, 1)

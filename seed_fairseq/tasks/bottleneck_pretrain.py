@@ -43,7 +43,6 @@ from fairseq.data import (
     Dictionary,
     FairseqDataset,
     IdDataset,
-    MaskTokensDataset,
     NestedDictionaryDataset,
     NumelDataset,
     NumSamplesDataset,
@@ -59,6 +58,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .. import diagnostics, retrieval_dev
 from ..checkpoint import DICTIONARY_SHA256, CheckpointError, check_dictionary
+from ..data.mask_tokens_dataset import MaskTokensDataset
 from ..data.split_files import check_split_files
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 from ..errors import ConfigurationError
