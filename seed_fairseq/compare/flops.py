@@ -12,7 +12,8 @@ criterion's forward and the loss's backward: matrix products, attention and
 convolutions (2 FLOPs per multiply-add), not element-wise work (softmax,
 LayerNorm, GELU, masking), which is a few percent of a transformer's.  It counts
 what actually runs, so SimLM's frozen generator (forward only), CPDAE's two
-views and the MLM head applied only at masked positions are what they are.
+views (the first recomputed in backward: counted in the total, not in the tokens) and the MLM
+head applied only at masked positions are what they are.
 Normalising by tokens removes the noise of which K batches were drawn (blocks
 of ``--sample-break-mode complete`` vary in length, and fairseq batches blocks
 of similar length together).  The encoder's share is counted separately: the
@@ -72,15 +73,18 @@ def count_update_flops(data_bin, args: List[str], batches: int = BATCHES) -> Dic
         calls.clear()
         with FlopCounterMode(display=False) as counter:
             loss, _, _ = criterion(model, sample)
+            # the encoder's inputs are its forward's calls: a checkpointed call (CPDAE's first view)
+            # runs again in backward, a cost counted in ``total`` but not more tokens
+            forward_calls = list(calls)
             loss.backward()
         total += counter.get_total_flops()
         hook.remove()
-        for a, kw in calls:
+        for a, kw in forward_calls:
             src = a[0] if a else kw["src_tokens"]
             tokens += float(src.ne(pad).sum())
             rows += src.size(0)
         with FlopCounterMode(display=False) as counter:
-            for a, kw in list(calls):
+            for a, kw in forward_calls:
                 sentence_encoder(*a, **kw)["encoder_out"][0].float().sum().backward()
         hook = sentence_encoder.register_forward_pre_hook(lambda m, a, kw: calls.append((a, kw)), with_kwargs=True)
         encoder += counter.get_total_flops()

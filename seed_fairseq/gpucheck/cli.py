@@ -162,6 +162,7 @@ class GpuCheck:
             "seconds_per_update": t.seconds / max(1, t.updates - 1),
             "flops_per_token": t.flops_per_token,
             "flops_per_update": t.flops_per_update,
+            "tokens_per_update": t.tokens_per_update,
             "mfu": t.mfu(peak),
             "peak_tflops": peak,
         }

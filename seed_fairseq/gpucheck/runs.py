@@ -138,7 +138,10 @@ class Run:
         self.trainer.begin_epoch(self.epoch_itr.epoch)
         self.itr = self.epoch_itr.next_epoch_itr(shuffle=True)
         self.pad = self.task.source_dictionary.pad()
-        self.tokens = 0  # non-padding tokens the encoder received (every sentence_encoder call)
+        self.tokens = 0  # non-padding tokens the encoder received (every sentence_encoder input, once)
+        # this update's inputs: a checkpointed call (CPDAE's first view) runs again in backward on the same
+        # tensor, a cost but not more tokens (held, so that an id is not reused within the update)
+        self._inputs: list = []
         encoder = self.trainer.model.encoder.sentence_encoder
         encoder.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
         self.overflows = _OverflowCounter()
@@ -149,7 +152,8 @@ class Run:
 
     def _count_tokens(self, module, args, kwargs):
         src = args[0] if args else kwargs["src_tokens"]
-        if module.training:
+        if module.training and not any(src is seen for seen in self._inputs):
+            self._inputs.append(src)
             self.tokens += int(src.ne(self.pad).sum())
 
     def next_sample(self) -> dict:
@@ -185,6 +189,7 @@ class Run:
         if self.device == "cuda":  # fairseq's trainer resets the peak after every update (its gb_free): keep it
             cuda.reset_peak_memory_stats = self._keep_peak
         synchronize(self.device)
+        self._inputs.clear()
         start = time.perf_counter()
         try:
             with counting_overflows(self.overflows), self.metrics.aggregate(new_root=True) as agg:
@@ -192,6 +197,7 @@ class Run:
             synchronize(self.device)
         finally:
             cuda.reset_peak_memory_stats = reset
+            self._inputs.clear()
         values = {k: float(v) for k, v in agg.get_smoothed_values().items() if _is_number(v)}
         values.update({k: float(v) for k, v in (out or {}).items() if _is_number(v)})
         values["seconds"] = time.perf_counter() - start
