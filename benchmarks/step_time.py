@@ -14,7 +14,9 @@ Setups (``SETUPS`` below; an objective added to the plugin adds one entry):
 * ``simlm``: replaced LM with a frozen generator (ELECTRA-base's generator shape at base size:
   12 x 256, FFN 1024, 4 heads; 1 x 64 at tiny size; a 1-update ``seed_encoder_mlm_only``
   checkpoint made here: its weights do not change the cost) and the 2-layer decoder;
-* ``cpdae``: two masked views per text through the encoder, the bag-of-words MLP and the contrast.
+* ``cpdae``: two masked views per text through the encoder, the bag-of-words MLP and the contrast;
+  ``cpdae_one_batch``: the same with ``--cpdae-views-in-one-batch`` (both views as one batch, no
+  recomputation: the path before the recomputed first view).
 
 Every setup runs at its paper's masking (``masked_lm``/SEED/CPDAE 15%, RetroMAE/DupMAE/SimLM 30%;
 SimLM and the enhanced decoder predict every position, which their FLOPs show).
@@ -41,9 +43,21 @@ gradients sink into the denormal range, where x86 CPUs compute many times slower
 fairseq's ``masked_lm`` tiny step 1.59 s with denormals, 0.18 s flushed, the same batch). GPUs do not
 pay this, so the ratios with denormals kept measure the CPU's denormal penalty, not the objectives.
 
-"Peak memory" is the worker's peak resident set size (``ru_maxrss``) minus its RSS just
-before the model was built: parameters, gradients, adam state, activations, allocator
-overhead. Nothing is asserted; numbers are printed (and written with ``--json``).
+Two peak memories per setup:
+
+* "tensor peak" (``tensor MiB``, ``tensor x``): the most bytes of live tensors during one
+  more ``train_step`` after the timed ones -- parameters, gradients, adam state, the batch,
+  activations -- counted by ``seed_fairseq.compare.memory.peak_tensor_bytes`` (the torch
+  profiler's allocation record, checked against the tensors alive afterwards). It is what
+  ``torch.cuda.max_memory_allocated`` reports on a GPU, and what decides whether a batch fits
+  one: the memory targets are read on it.
+* "RSS peak" (``peak MiB``, ``mem x``): the worker's peak resident set size (``ru_maxrss``)
+  minus its RSS just before the model was built, over the warm-up and timed steps. It adds
+  what glibc's ``malloc`` keeps of freed memory (see ``seed_fairseq/compare/memory.py``: a
+  model that frees one set of activations and then allocates another keeps both in its RSS),
+  which a GPU's caching allocator would reuse.
+
+Nothing is asserted; numbers are printed (and written with ``--json``).
 """
 
 import argparse
@@ -77,6 +91,7 @@ SETUPS = {
     "dupmae": ("dupmae_pretrain", "dupmae_pretrain", "dupmae_base", []),
     "simlm": ("simlm_pretrain", "simlm_pretrain", "simlm_base", ["--generator-path", "{generator}"]),
     "cpdae": ("cpdae_pretrain", "cpdae_pretrain", "cpdae_base", []),
+    "cpdae_one_batch": ("cpdae_pretrain", "cpdae_pretrain", "cpdae_base", ["--cpdae-views-in-one-batch"]),
 }
 # SimLM's generator per shape: layers, embed dim, FFN dim, heads
 GENERATOR_SHAPES = {"tiny": (1, 64, 128, 2), "base": (12, 256, 1024, 4)}
@@ -235,6 +250,10 @@ def worker(setup, args):
         if log is None:
             raise RuntimeError(f"{setup}: train_step returned no log (overflow/OOM?)")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, before the FLOP count
+    from seed_fairseq.compare.memory import peak_tensor_bytes
+
+    trainer.zero_grad()  # what train_step does first: the profiler cannot see frees of older blocks
+    _, tensor_mem = peak_tensor_bytes(lambda: trainer.train_step([sample]))
     flops = count_flops(model, criterion, sample)
     result = {
         "setup": setup,
@@ -250,6 +269,7 @@ def worker(setup, args):
         "cpu_times": cpu_times,
         "peak_mem_mib": (peak_kb - rss_before_model) / 1024,
         "peak_rss_mib": peak_kb / 1024,
+        "tensor_peak_mib": tensor_mem["peak"] / 2**20,
         "threads": torch.get_num_threads(),
     }
     print(RESULT_TAG + json.dumps(result), flush=True)
@@ -343,7 +363,8 @@ def run(args, setups):
                 if setup in results:
                     results[setup]["times"] += res["times"]
                     results[setup]["cpu_times"] += res["cpu_times"]
-                    results[setup]["peak_mem_mib"] = max(results[setup]["peak_mem_mib"], res["peak_mem_mib"])
+                    for key in ("peak_mem_mib", "tensor_peak_mib"):
+                        results[setup][key] = max(results[setup][key], res[key])
                 else:
                     results[setup] = res
     digests = {r["digest"] for r in results.values()}
@@ -361,12 +382,14 @@ def summarize(results, reference=REFERENCE):
             "step_s": statistics.median(r["times"]),
             "cpu_s": statistics.median(r["cpu_times"]),
             "peak_mem_mib": r["peak_mem_mib"],
+            "tensor_peak_mib": r["tensor_peak_mib"],
             "gflop": r["flops"] / 1e9 if r["flops"] else None,
             "params": r["params"],
         }
         row["time_ratio"] = row["step_s"] / statistics.median(ref["times"])
         row["cpu_ratio"] = row["cpu_s"] / statistics.median(ref["cpu_times"])
         row["mem_ratio"] = r["peak_mem_mib"] / ref["peak_mem_mib"]
+        row["tensor_mem_ratio"] = r["tensor_peak_mib"] / ref["tensor_peak_mib"]
         row["flop_ratio"] = r["flops"] / ref["flops"] if r["flops"] and ref["flops"] else None
         out[setup] = row
     return out
@@ -384,20 +407,21 @@ def print_table(summary, results, args):
         f"steps x {args.rounds} round(s)"
     )
     header = (
-        f"{'setup':<12}{'params':>13}{'pred':>6}{'s/step':>9}{'CPU s':>9}{'peak MiB':>10}{'GFLOP':>9}"
-        f"{'time x':>8}{'CPU x':>8}{'mem x':>8}{'FLOP x':>8}"
+        f"{'setup':<16}{'params':>13}{'pred':>6}{'s/step':>9}{'CPU s':>9}{'peak MiB':>10}{'tensor MiB':>11}"
+        f"{'GFLOP':>9}{'time x':>8}{'CPU x':>8}{'mem x':>8}{'tensor x':>9}{'FLOP x':>8}"
     )
     print(header)
     print("-" * len(header))
     for setup, row in summary.items():
         print(
-            f"{setup:<12}{row['params']:>13,}{results[setup]['predicted_tokens']:>6}"
-            f"{row['step_s']:>9.3f}{row['cpu_s']:>9.3f}{row['peak_mem_mib']:>10.0f}"
+            f"{setup:<16}{row['params']:>13,}{results[setup]['predicted_tokens']:>6}"
+            f"{row['step_s']:>9.3f}{row['cpu_s']:>9.3f}{row['peak_mem_mib']:>10.0f}{row['tensor_peak_mib']:>11.0f}"
             f"{row['gflop'] or float('nan'):>9.1f}{row['time_ratio']:>8.2f}{row['cpu_ratio']:>8.2f}"
-            f"{row['mem_ratio']:>8.2f}{row['flop_ratio'] or float('nan'):>8.2f}"
+            f"{row['mem_ratio']:>8.2f}{row['tensor_mem_ratio']:>9.2f}{row['flop_ratio'] or float('nan'):>8.2f}"
         )
     print(
-        "pred = positions the encoder's own loss predicts; x = ratio to masked_lm;\n"
+        "pred = positions the encoder's own loss predicts; x = ratio to masked_lm; peak MiB = RSS peak,\n"
+        "tensor MiB = live-tensor peak of one step (what a GPU must hold; see the docstring);\n"
         "GFLOP = the model's forward + backward (torch FlopCounterMode: matmuls and "
         "attention), the same for every --vocab-loss"
     )

@@ -21,9 +21,9 @@ import time
 import warnings
 from typing import Dict, List, Tuple
 
-# NVIDIA H100 SXM5, dense BF16 Tensor Core peak (1,979 TFLOP/s is the figure with 2:4 sparsity):
-# NVIDIA H100 Tensor Core GPU Architecture whitepaper (Hopper), table "NVIDIA H100 SXM5 ... BF16"
-H100_SXM_BF16_DENSE = 989.4e12
+from .flops import PEAK_TFLOPS
+
+H100_SXM_BF16_DENSE = PEAK_TFLOPS["H100"]["bf16"] * 1e12  # FLOP/s (flops.PEAK_TFLOPS: its source)
 TARGET_MFU = 0.4
 
 

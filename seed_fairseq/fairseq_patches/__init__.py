@@ -17,7 +17,9 @@ inside its ``install`` function, so no module here needs the plugin first.
 8. ``user_errors``: ``error: FILE: problem`` and status 2, not a traceback.
 9. ``optimizer_groups``: parameter groups with their own learning rate (the encoder's
    schedule of continued pre-training, ``tasks/encoder_lr.py``).
-10. ``quiet_warnings``: the known-harmless hydra/torch/autocast warnings of a CPU run
+10. ``bf16_device``: ``--bf16`` on the CUDA device (or ``--cpu``) when there is no TPU
+   (fairseq 0.12 reads ``--bf16`` as ``--tpu``).
+11. ``quiet_warnings``: the known-harmless hydra/torch/autocast warnings of a CPU run
    filtered by message and category (no fairseq attribute: not in the table).
 
 Every fairseq attribute replaced is one row of :data:`PATCHES`;
@@ -37,6 +39,7 @@ from typing import Callable, Tuple
 from ..errors import ENVIRONMENT_ERRNOS
 from . import (
     atomic_checkpoints,
+    bf16_device,
     checkpoint_loading,
     clean_exit,
     optimizer_groups,
@@ -151,6 +154,20 @@ PATCHES: Tuple[Patch, ...] = (
             "optim.FairseqOptimizer.set_lr(self, lr)",
             "optim.FP16Optimizer.build_fp32_params(args, params, flatten)",
         ),
+    ),
+    Patch(
+        "fairseq.dataclass.utils",
+        "convert_namespace_to_omegaconf",
+        "--bf16 without torch_xla trains on the CUDA device (or --cpu) instead of asking for a TPU",
+        bf16_device.install,
+        ("convert_namespace_to_omegaconf(args)",),
+    ),
+    Patch(
+        "fairseq_cli.train",
+        "convert_namespace_to_omegaconf",
+        "the same, for fairseq-train, which imported the function by name",
+        bf16_device.install,
+        ("convert_namespace_to_omegaconf(args)",),
     ),
     Patch(
         "fairseq_cli.train",

@@ -60,7 +60,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="the same checks on the CPU at tiny shape (fp32 for fp16/bf16, gloo for NCCL, faiss-cpu twice)",
+        help="the same checks on the CPU at tiny shape (bf16 only: fp16 needs CUDA; gloo for NCCL, faiss-cpu twice)",
     )
     p.add_argument("--updates", type=int, default=None, help="updates per objective and precision (default 30)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak (default: by its name)")

@@ -2,23 +2,16 @@
 
 Every CUDA-only choice of the check is a field here, not a branch elsewhere: the
 dry run (``--dry-run``) is the same code with :func:`dry_run_profile` (the CPU,
-fp32, tiny architectures, gloo, faiss-cpu on both sides) instead of
-:func:`cuda_profile`.
+bf16 through fairseq's mixed-precision trainer, tiny architectures, gloo, faiss-cpu
+on both sides) instead of :func:`cuda_profile`.
 """
 
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-# Dense (not 2:4 sparse) tensor-core peaks in TFLOP/s per precision, from the vendors'
-# data sheets (SXM parts; a PCIe part is somewhat lower: pass --peak-tflops for it).
-# fp32 is the non-tensor-core rate (fairseq does not enable TF32 matmuls).
-PEAK_TFLOPS: Dict[str, Dict[str, float]] = {
-    "V100": {"fp16": 125.0, "fp32": 15.7},  # no bf16 units
-    "A100": {"fp16": 312.0, "bf16": 312.0, "fp32": 19.5},
-    "H100": {"fp16": 989.0, "bf16": 989.0, "fp32": 67.0},
-    "H200": {"fp16": 989.0, "bf16": 989.0, "fp32": 67.0},
-}
+from ..compare.flops import PEAK_TFLOPS  # the vendors' dense peaks, TFLOP/s per precision
+
 # the paper's recipe (SEED-Encoder, RetroMAE, SimLM ...): 1M updates of 256 blocks of 512 tokens
 RECIPE_UPDATES = 1_000_000
 RECIPE_BLOCKS = 256
@@ -52,7 +45,7 @@ class Profile:
     device: str  # "cuda" or "cpu"
     device_name: str  # torch.cuda.get_device_name(), or "cpu"
     gpus: int  # visible CUDA devices (0 on the CPU)
-    precisions: Tuple[str, ...]  # the training precisions checked: fp16/bf16, or fp32 in the dry run
+    precisions: Tuple[str, ...]  # the training precisions checked: fp16/bf16 on CUDA, bf16 in the dry run
     reference: str  # what --fp16/--bf16 is compared with on one fixed batch (fp32)
     backend: str  # data-parallel backend of the 2-process check (nccl / gloo)
     tiny: bool  # *_tiny architectures and the tests' encoder instead of the *_base ones
@@ -141,13 +134,16 @@ class Profile:
 
 
 def dry_run_profile(peak_override: Optional[float] = None) -> Profile:
-    """The CPU stand-in of every GPU check: tiny shapes, fp32, gloo, a few updates."""
+    """The CPU stand-in of every GPU check: tiny shapes, gloo, a few updates, in bf16: fairseq's
+    mixed-precision path (bf16 model, fp32 master weights in ``FP16Optimizer``, no loss scaler) is
+    the same code on the CPU (``fairseq_patches/bf16_device.py``). fp16 is not: fairseq's flat fp32
+    master weights live on ``torch.cuda.current_device()``."""
     return Profile(
         dry_run=True,
         device="cpu",
         device_name="cpu",
         gpus=0,
-        precisions=("fp32",),
+        precisions=("bf16",),
         reference="fp32",
         backend="gloo",
         tiny=True,

@@ -120,11 +120,11 @@ class Run:
 
         self.device = device
         ns = options.parse_args_and_arch(options.get_training_parser(), [str(data), "--user-dir", USER_DIR, *args])
-        if device == "cuda" and getattr(ns, "tpu", False):
-            raise Unsupported("fairseq 0.12 turns --bf16 into --tpu (options.py): fairseq-train --bf16 asks for a TPU")
         with warnings.catch_warnings():  # hydra's deprecation notices on every config build
             warnings.simplefilter("ignore")
-            cfg = convert_namespace_to_omegaconf(ns)
+            cfg = convert_namespace_to_omegaconf(ns)  # --bf16 stays off the TPU (fairseq_patches/bf16_device.py)
+        if cfg.common.tpu:
+            raise Unsupported("--bf16 asks for a TPU here: torch_xla is installed (fairseq 0.12 reads --bf16 as --tpu)")
         metrics.reset()
         np.random.seed(cfg.common.seed)
         utils.set_torch_seed(cfg.common.seed)
