@@ -7,7 +7,7 @@ size come from the heap, where freed memory stays in the process: a model that f
 one set of activations and then allocates another (CPDAE's second view's activations
 freed in backward, then its first view's recomputed) keeps both in its RSS, although
 a GPU's caching allocator reuses the freed blocks.  Measured at base shape: CPDAE's RSS
-peak is 1.37x ``masked_lm``'s under the default glibc and 1.08x with
+peak is 1.36x ``masked_lm``'s under the default glibc and 1.08x with
 ``MALLOC_MMAP_THRESHOLD_=1048576`` (every large block mmapped and returned on free).
 
 :func:`peak_tensor_bytes` counts tensor memory directly, without the allocator:
@@ -26,9 +26,8 @@ before it started (torch warns "Memory block of unknown size was allocated befor
 profiling started"), so ``fn`` must not free what existed before it -- e.g. free the
 gradients before measuring a training step, which would free them first -- and tensors held
 where the garbage collector does not reach them break the count the same way: both fail
-the check.  It does not count what is not a tensor
-(the interpreter, libraries, allocator fragmentation): compare it between setups of the
-same program, not with ``nvidia-smi``.
+the check.  It does not count what is not a tensor (the interpreter, libraries, allocator
+fragmentation): compare it between setups of the same program, not with ``nvidia-smi``.
 """
 
 import gc

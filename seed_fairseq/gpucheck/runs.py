@@ -113,7 +113,7 @@ class Run:
         import numpy as np
         import torch
         from fairseq import metrics, options, tasks, utils
-        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+        from fairseq.dataclass import utils as dataclass_utils
         from fairseq.trainer import Trainer
 
         import seed_fairseq  # noqa: F401  (registers the plugin and the fairseq fixes)
@@ -122,7 +122,9 @@ class Run:
         ns = options.parse_args_and_arch(options.get_training_parser(), [str(data), "--user-dir", USER_DIR, *args])
         with warnings.catch_warnings():  # hydra's deprecation notices on every config build
             warnings.simplefilter("ignore")
-            cfg = convert_namespace_to_omegaconf(ns)  # --bf16 stays off the TPU (fairseq_patches/bf16_device.py)
+            # read from the module at call time: the fixed converter (--bf16 stays off the TPU,
+            # fairseq_patches/bf16_device.py) whatever was imported first
+            cfg = dataclass_utils.convert_namespace_to_omegaconf(ns)
         if cfg.common.tpu:
             raise Unsupported("--bf16 asks for a TPU here: torch_xla is installed (fairseq 0.12 reads --bf16 as --tpu)")
         metrics.reset()
