@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import REPO, check, train_cmd
 
+from seed_fairseq.checkpoint import load_torch_file  # weights_only with the allowlist
 from seed_fairseq.fairseq_patches import bf16_device
 
 EXPORT = str(REPO / "examples" / "export_to_hf.py")
@@ -97,13 +98,13 @@ def test_fairseq_train_bf16_on_the_cpu_trains_resumes_and_exports(demo_data_bin,
     # agree to the log's 3 decimals; test_the_trainer_runs_in_bf16 checks the precision really changed)
     assert all(abs(a - b) <= 3e-2 * abs(b) for a, b in zip(bf16, fp32)), (bf16, fp32)
 
-    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state = load_torch_file(save / "checkpoint_last.pt")
     assert state["cfg"]["common"]["bf16"] is True and state["cfg"]["common"]["tpu"] is False
     assert "loss_scale" not in state["last_optimizer_state"]  # bf16: no loss scaler
 
     # the run resumes (the optimizer's fp32 master weights restored) and goes on
     check(train_cmd(demo_data_bin, save, "--bf16", *extra, max_update=6, tokens_per_sample=48))
-    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state = load_torch_file(save / "checkpoint_last.pt")
     assert state["optimizer_history"][-1]["num_updates"] == 6
 
     hf = tmp_path / "hf"

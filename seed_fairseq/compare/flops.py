@@ -31,10 +31,11 @@ USER_DIR = str(Path(__file__).resolve().parents[1])
 BATCHES = 8  # real training batches the FLOPs are counted on
 
 # Dense (not 2:4 sparse) tensor-core peaks in TFLOP/s per precision, from the vendors' data
-# sheets (SXM parts; a PCIe part is somewhat lower). H100/H200: 989.4 dense FP16/BF16 (1,979
-# with 2:4 sparsity; NVIDIA's Hopper architecture whitepaper). fp32 is the non-tensor-core
-# rate (fairseq does not enable TF32 matmuls). The one table of the project: gpu_check's
-# MFU and projection, and the data-pipeline benchmark's H100.
+# sheets (SXM parts; a PCIe part is somewhat lower: gpu_check takes --peak-tflops).
+# H100/H200: 989.4 dense FP16/BF16 (1,979 with 2:4 sparsity; NVIDIA's Hopper architecture
+# whitepaper). fp32 is the non-tensor-core rate (fairseq does not enable TF32 matmuls).
+# The one table of the project: gpu_check's MFU and projection, and the data-pipeline
+# benchmark's H100.
 PEAK_TFLOPS: Dict[str, Dict[str, float]] = {
     "V100": {"fp16": 125.0, "fp32": 15.7},  # no bf16 units
     "A100": {"fp16": 312.0, "bf16": 312.0, "fp32": 19.5},

@@ -22,7 +22,7 @@ import argparse
 import functools
 import importlib.util
 
-from ._common import MARK, logger, mark
+from ._common import MARK, fairseq_train_modules, logger, mark
 
 _said = False
 
@@ -55,19 +55,10 @@ def _wrap(convert):
 
 def install() -> None:
     """Wrap ``convert_namespace_to_omegaconf`` in ``fairseq.dataclass.utils``, and in the module of
-    fairseq-train when this process runs it (``fairseq_cli.train``, or ``__main__`` under
-    ``python -m fairseq_cli.train``; never imported here: its import configures the root logger)
-    (idempotent)."""
-    import sys
-
+    fairseq-train when this process runs it (``_common.fairseq_train_modules``) (idempotent)."""
     import fairseq.dataclass.utils as dataclass_utils
 
-    if not getattr(dataclass_utils.convert_namespace_to_omegaconf, MARK, None):
-        dataclass_utils.convert_namespace_to_omegaconf = _wrap(dataclass_utils.convert_namespace_to_omegaconf)
-    main_module = sys.modules.get("__main__")
-    for module in (sys.modules.get("fairseq_cli.train"), main_module):
-        if module is main_module and getattr(getattr(module, "__spec__", None), "name", None) != "fairseq_cli.train":
-            continue
+    for module in (dataclass_utils, *fairseq_train_modules()):
         convert = getattr(module, "convert_namespace_to_omegaconf", None)
         if callable(convert) and not getattr(convert, MARK, None):
             module.convert_namespace_to_omegaconf = _wrap(convert)

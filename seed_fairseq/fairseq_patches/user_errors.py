@@ -18,7 +18,7 @@ import sys
 from typing import Callable, Optional
 
 from ..errors import ENVIRONMENT_ERRNOS
-from ._common import logger, mark
+from ._common import fairseq_train_modules, logger, mark
 
 
 def user_error_line(error: BaseException) -> Optional[str]:
@@ -58,10 +58,6 @@ def one_line_errors(main: Callable) -> Callable:
 def install() -> None:
     """Wrap ``main`` of fairseq-train when this process runs it: the module
     ``fairseq_cli.train`` (the ``fairseq-train`` command), or ``python -m fairseq_cli.train``."""
-    main_module = sys.modules.get("__main__")
-    for module in (sys.modules.get("fairseq_cli.train"), main_module):
-        spec = getattr(module, "__spec__", None)
-        if module is main_module and getattr(spec, "name", None) != "fairseq_cli.train":
-            continue
-        if module is not None and callable(getattr(module, "main", None)):
+    for module in fairseq_train_modules():
+        if callable(getattr(module, "main", None)):
             module.main = one_line_errors(module.main)
