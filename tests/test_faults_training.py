@@ -142,6 +142,18 @@ def test_errors_that_are_not_the_users_keep_their_traceback():
         fairseq_patches.one_line_errors(lambda: open("/nonexistent/x"))()
 
 
+def test_fairseq_train_without_a_batch_size_is_one_line(demo_data_bin, tmp_path):
+    """fairseq checks this option with an ``assert``: one line and status 2, not its traceback."""
+    cmd = train_cmd(demo_data_bin, tmp_path / "ckpt", max_update=1)
+    i = cmd.index("--batch-size")
+    proc = run(cmd[:i] + cmd[i + 2 :])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --batch-size: fairseq-train needs a batch size: pass --batch-size N or --max-tokens N"
+    )
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_second_run_file_size_limit_and_debris_through_fairseq_train(demo_data_bin, tmp_path):
     """The real CLI: a second run into a locked save-dir stops with one line; once the holder
