@@ -153,11 +153,13 @@ class Comparison(Layout):
         gen = str(self.generator_checkpoint()) if OBJECTIVES[obj].needs_generator else None
         return objective_args(OBJECTIVES[obj], self.settings_for_objectives(settings), seed, gen)
 
-    def generator_train_args(self, settings: Optional[PretrainSettings] = None) -> List[str]:
+    def generator_train_args(self, settings: Optional[PretrainSettings] = None, planned: bool = False) -> List[str]:
+        """SimLM's generator's fairseq-train arguments (``settings``: the per-update ones of the FLOPs
+        count; ``planned``: before the import exists, without its model options)."""
         s = settings or self.plan.pretrain
         updates = self.plan.generator_updates if settings is None else s.updates
         gs = replace(s, updates=updates, warmup=min(s.warmup, updates // 10))
-        model = shlex.split(" ".join(self.init_args()[:-2])) if self.plan.init else []
+        model = shlex.split(" ".join(self.init_args()[:-2])) if self.plan.init and not planned else []
         return [
             "--task",
             "seed_pretrain",
@@ -185,7 +187,7 @@ class Comparison(Layout):
         s = replace(p.pretrain, fairseq_args=["--finetune-from-model", "IMPORT"] if p.init else [])
         args = [a for o in p.objectives for a in objective_args(OBJECTIVES[o], s, p.seeds[0], "GENERATOR")]
         if any(OBJECTIVES[o].needs_generator for o in p.objectives):
-            args += self.generator_train_args(replace(s, updates=p.generator_updates))
+            args += self.generator_train_args(replace(s, updates=p.generator_updates), planned=True)
         return args
 
     # ---- stages ----

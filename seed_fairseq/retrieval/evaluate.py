@@ -4,7 +4,8 @@
 
 HF_DIR is an exported checkpoint (examples/export_to_hf.py) or a folder saved by
 finetune.py: a sentence-transformers model with [CLS] pooling.  The metrics
-(MRR@10, R@100, R@1000, nDCG@10) are printed as one JSON object on the last line.
+(MRR@10, R@100, R@1000, nDCG@10; those whose cutoff is within --k) are printed as one JSON object on the
+last line.
 """
 
 from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
