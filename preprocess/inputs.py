@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Union
 
-from seed_fairseq.fileio import sha256_file
+from seed_fairseq.fileio import place_in, sha256_file  # noqa: F401  (place_in: its import path before fileio.paths)
 
 from .errors import PreprocessError
 from .record import TOOL, holds_build
@@ -77,29 +77,6 @@ class InputHasher:
             if (st.st_size, st.st_mtime_ns) != (entry["bytes"], entry["mtime_ns"]):
                 return key
         return None
-
-
-def place_in(path: Path, out: Path) -> Optional[str]:
-    """Where ``path`` is with respect to the folder ``out``, if it is ``out`` or
-    inside it: symlinks resolved, and the same folder reached by another name
-    (a bind mount, a case-insensitive file system) recognised by its inode."""
-    resolved, folder = path.resolve(), out.resolve()
-    if resolved == folder:
-        return f"is --out {out} itself"
-    if folder in resolved.parents:
-        return f"is inside --out {out}"
-    try:
-        target = folder.stat()
-    except OSError:
-        return None  # a missing --out holds nothing
-    for p in (resolved, *resolved.parents):
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
-            return f"is --out {out} itself" if p == resolved else f"is inside --out {out}"
-    return None
 
 
 def book_files(directory: Union[str, Path], skipped: Optional[Set[Path]] = None) -> List[Path]:

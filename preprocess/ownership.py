@@ -11,11 +11,10 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from seed_fairseq.fileio import OutputError, check_output_dir, lock_folder
+from seed_fairseq.fileio import OutputError, check_out_path, check_output_dir, lock_folder, place_in
 
 from . import record as rec
 from .errors import PreprocessError, writing
-from .inputs import place_in
 from .record import RECORD, TOOL
 
 logger = logging.getLogger("preprocess")
@@ -49,18 +48,6 @@ def check_paths(out: Path, sources: Iterable[Tuple[str, str]]) -> None:
     --books folder is fine: the books listing leaves out every build
     (preprocess.inputs.book_files).
     """
-    if ":" in str(out.absolute()):
-        full = "" if ":" in str(out) else f" ({out.absolute()})"
-        raise OutputError(
-            out,
-            f"its path{full} contains ':', which fairseq-train reads as a list of data folders "
-            "(DATA is split at ':' into shards); choose a folder whose path has no ':'",
-        )
-    for parent in out.absolute().parents:  # `--out file/sub`: the nearest existing one
-        if parent.exists() or parent.is_symlink():
-            if not parent.is_dir():
-                raise OutputError(out, f"cannot create the folder ({parent} is not a folder)")
-            break
     for _, path in sources:
         where = place_in(Path(path), out)
         if where:
@@ -69,6 +56,7 @@ def check_paths(out: Path, sources: Iterable[Tuple[str, str]]) -> None:
                 f"{where}, where {TOOL} writes its outputs and work files; an input is "
                 "never read from there: move it out or choose another --out",
             )
+    check_out_path(out)  # ':' (fairseq's DATA list), a file on the way, a read-only folder
 
 
 def check_collisions(out: Path, rels: Sequence[str], owned) -> None:

@@ -333,6 +333,23 @@ def detect_format(folder) -> str:
     raise DataFormatError(folder, None, "neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv)")
 
 
+def split_files(folder, split: str) -> List[Path]:
+    """The files of ``folder`` that belong to ``split`` alone (not the corpus): BEIR's
+    ``qrels/SPLIT.tsv``, MS MARCO's ``queries.SPLIT.tsv`` and ``qrels.SPLIT.tsv``.
+    DataFormatError when ``folder`` is not a BEIR or MS MARCO folder."""
+    folder = Path(folder)
+    if detect_format(folder) == "beir":
+        return [folder / "qrels" / f"{split}.tsv"]
+    return [folder / f"queries.{split}.tsv", folder / f"qrels.{split}.tsv"]
+
+
+def has_split(folder, split: str) -> bool:
+    """Whether ``folder`` has ``split`` at all: one of its files exists, readable or not.
+    A split that exists is loaded and its faults are errors naming it; only a split without
+    any file is "no such split" (a tool may then fall back to another one)."""
+    return any(p.exists() or p.is_symlink() for p in split_files(folder, split))
+
+
 def load_data(folder, split: str) -> RetrievalData:
     """Load one split of a BEIR or MS MARCO folder (format detected from its files)."""
     return load_beir(folder, split) if detect_format(folder) == "beir" else load_msmarco(folder, split)

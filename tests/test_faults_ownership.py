@@ -337,12 +337,12 @@ def comparison(out, **changes):
     comp.stage_data = lambda r: write(comp.data_bin, "dict.txt")
     comp.stage_retrieval = lambda r: write(out / "retrieval", "corpus.jsonl", f"qrels/{plan.test_split}.tsv")
     comp.stage_bm25 = lambda r: write(out / "bm25", "test.trec")
-    comp.stage_flops = lambda r: {}
-    comp.stage_pretrain = lambda o, s: write(
-        comp.pretrain_dir(o, s), "checkpoint_last.pt", f"checkpoint_{plan.pretrain.updates}.pt", "train.log"
+    comp.stage_flops = lambda r, seed: {}
+    comp.stage_pretrain = lambda r, obj, seed: write(
+        comp.pretrain_dir(obj, seed), "checkpoint_last.pt", f"checkpoint_{plan.pretrain.updates}.pt", "train.log"
     )
-    comp.stage_export = lambda o, s: write(comp.hf_dir(o, s), "model.safetensors")
-    comp.stage_eval = lambda o, s: write(comp.eval_dir(o, s), "cls.zeroshot.trec")
+    comp.stage_export = lambda r, obj, seed: write(comp.hf_dir(obj, seed), "model.safetensors")
+    comp.stage_eval = lambda r, obj, seed: write(comp.eval_dir(obj, seed), "cls.zeroshot.trec")
     runner = comp.runner()
     comp.check_foreign(runner)
     return comp, runner

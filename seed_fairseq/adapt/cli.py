@@ -21,22 +21,26 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from ..compare.checks import init_positions
+from ..compare.checks import check_gpu, check_model_folder, glue_option_values, init_positions
 from ..compare.cli import FINETUNE_FLAGS, FINETUNE_TYPES, quiet_libraries, read_corpus, report_stage_error
 from ..compare.heldout import blocks_needed, plan_valid_docs
 from ..compare.interrupt import Interrupted, handle_interrupts
 from ..compare.layout import write_retrieval_set
-from ..compare.objectives import OBJECTIVES, PretrainSettings, parse_objectives
-from ..fileio import OutputError
+from ..compare.objectives import OBJECTIVES, PretrainSettings, check_fairseq_args, parse_objectives
+from ..fileio import OutputError, check_apart, check_out_path
 from ..hf.folder import HFFolderError
 from ..retrieval.cli import nonneg_int, positive_float, positive_int, report, seed_int
 from ..retrieval.config import add_config_args, config_from_args
-from ..retrieval.data import DataFormatError, load_data
+from ..retrieval.data import DataFormatError, has_split, load_data
+from ..retrieval.metrics import check_depth
 from . import plan as defaults
 from .pipeline import Adaptation
 from .plan import AdaptPlan, claim_out, default_heldout, heldout_split, lock_out
+from .report import METRICS
 
 VALID_DOCS = 4  # documents held out of the pre-training text for validation, at least (compare/heldout.py)
+# flags whose value is a list of fairseq-train options (``--fairseq-args "--fp16"``, as the docs write it)
+OPTION_LISTS = ("--fairseq-args",)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -157,12 +161,19 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
         raise ValueError("--objective: one objective (examples/compare_objectives.py compares several)")
     objective = names[0]
     spec = OBJECTIVES[objective]
+    out = Path(args.out)
+    check_out_path(out)  # a file on the way, a read-only folder, ':' (fairseq's DATA list)
     model = Path(args.model).resolve()
     if not (model / "config.json").is_file():
         raise OutputError(model, "--model: not a HuggingFace model folder (no config.json)")
     corpus = Path(args.corpus).resolve()
     if not corpus.is_file():
         raise OutputError(corpus, "--corpus: not a file")
+    given = [("--model", model), ("--corpus", corpus), ("--retrieval-dev", args.retrieval_dev),
+             ("--train-queries", args.train_queries)]  # fmt: skip
+    check_apart(out, given, "adapt")  # --out inside an input: a new fingerprint on every run
+    check_gpu(args.gpu)
+    check_depth(args.k, METRICS)
     try:
         positions = init_positions(model)
     except HFFolderError as e:
@@ -196,7 +207,8 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
     if retrieval_dev is not None:
         if args.heldout_docs is not None:
             raise ValueError("--heldout-docs: documents are held out for a derived set, not with --retrieval-dev")
-        if args.test_split is None and not _has_split(retrieval_dev, "test"):
+        # no test split at all: the report is on dev; a test split that is malformed is an error (below)
+        if args.test_split is None and not has_split(retrieval_dev, "test"):
             test_split = "dev"
         _split(retrieval_dev, test_split, "--retrieval-dev")
         if dev_in_training:
@@ -236,7 +248,9 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
     )
     valid_blocks = blocks_needed([settings.batch_for(spec)], args.probe_size, settings.fairseq_args)
     valid_docs, max_valid_docs = plan_valid_docs(corpus, docs, valid_blocks, tps, VALID_DOCS)
-    return AdaptPlan(
+    # weights, tokenizer and vocabulary of the model the import stage will read (headers only)
+    check_model_folder(model, "--model")
+    plan = AdaptPlan(
         out=Path(args.out).resolve(),
         model=model,
         corpus=corpus,
@@ -265,6 +279,8 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
         command=shlex.join(["python", prog, *argv]),
         settings=dict(vars(args)),
     )
+    check_fairseq_args(settings.fairseq_args, Adaptation(plan).train_args(planned=True))
+    return plan
 
 
 def _check_encoder_schedule(args: argparse.Namespace) -> None:
@@ -280,14 +296,6 @@ def _check_encoder_schedule(args: argparse.Namespace) -> None:
             layer_lr_decay=args.layer_lr_decay,
         )
     )
-
-
-def _has_split(folder: Path, split: str) -> bool:
-    try:
-        load_data(folder, split)
-    except DataFormatError:
-        return False
-    return True
 
 
 def main(argv: Optional[List[str]] = None, prog: str = "examples/adapt.py") -> int:
@@ -323,7 +331,7 @@ def command(
 
 
 def _command(argv: List[str], prog: str, make_parser, build, run) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_args(glue_option_values(argv, OPTION_LISTS))
     quiet_libraries()
     try:
         plan = build(args, argv, prog)

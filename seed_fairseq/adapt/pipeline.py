@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from preprocess.stages import Runner, Stage
+from preprocess.stages import WHOLE_PLAN, PlanReads, Runner, Stage, jsonable
 
 from ..compare.heldout import build_data
 from ..compare.layout import (
@@ -60,6 +60,23 @@ from .training import Training
 
 WHO = ("original", "adapted")
 
+# what a zero-shot evaluation reads of the plan, and a fine-tuning followed by one (the seed:
+# the fine-tuning's, replace(finetune, seed=...))
+EVALUATION = ("retrieval_dev", "test_split", "k", "max_seq_length", "pretrain.gpu", "finetune.encode_batch_size",
+              "finetune.index")  # fmt: skip
+FINETUNING = (*EVALUATION, "finetune", "seed")
+
+# How the stages read the plan (preprocess.stages.PlanReads): the fields no product depends
+# on, and the fields that are the paths of the external inputs (their content is read too).
+PLAN_READS = PlanReads(
+    free={
+        "threads": "CPU threads per process: the speed (results equal up to the order of float sums)",
+        "out": "where the products go, not what they are (a moved --out is the same run)",
+        "derived": "whether the retrieval set is derived: it decides which stages exist and what they read",
+    },
+    inputs={"model": "model", "corpus": "corpus", "retrieval_dev": "retrieval_dev", "train_queries": "train_queries"},
+)
+
 
 def _timed(body: Callable[[], Optional[dict]]) -> dict:
     t0 = time.time()
@@ -76,31 +93,32 @@ class Adaptation(Training):
         self.ran: List[str] = []  # the stages this process ran (the others were reused)
 
     # ---- the stages ----
+    def stage(self, name: str, body: Callable[..., dict], fields=(), **kwargs) -> Stage:
+        """A stage whose body reads exactly the plan ``fields`` it declares (``PLAN_READS``)."""
+        return PLAN_READS.stage(self, name, body, fields, **kwargs)
+
     def stages(self) -> List[Stage]:
         p = self.plan
-        st: List[Stage] = [Stage("import", self.stage_import, reads=("model",), folder="import", writes=OWN_RECORD)]
-        text_reads: Tuple[str, ...] = ("corpus",)
-        eval_reads: Tuple[str, ...] = ("retrieval_dev",)
+        # the plan fields each body reads (its options): a body that reads another fails (PlanView)
+        evaluation, finetuning = EVALUATION, FINETUNING
+        st: List[Stage] = [
+            # the fresh MLM head of a model saved without one is drawn from the seed
+            self.stage("import", self.stage_import, ("model", "seed"), folder="import", writes=OWN_RECORD)
+        ]
+        text_reads: Tuple[str, ...] = ()
+        eval_reads: Tuple[str, ...] = ()
         if p.derived:
-            st.append(
-                Stage(
-                    "split",
-                    self.stage_split,
-                    {"heldout_docs": p.heldout_docs},
-                    reads=("corpus",),
-                    folder="corpus",
-                    writes=SPLIT_FILES,
-                )
-            )
-            st.append(Stage("retrieval", self.stage_retrieval, reads=("split",), folder="retrieval",
-                            writes=RETRIEVAL_FILES))  # fmt: skip
+            st.append(self.stage("split", self.stage_split, ("corpus", "heldout_docs"), folder="corpus",
+                                 writes=SPLIT_FILES))  # fmt: skip
+            st.append(self.stage("retrieval", self.stage_retrieval, ("retrieval_dev",), reads=("split",),
+                                 folder="retrieval", writes=RETRIEVAL_FILES))  # fmt: skip
             text_reads, eval_reads = ("split",), ("retrieval",)
-        s = p.pretrain
+        data_fields = ("pretrain.tokens_per_sample", "valid_docs", "valid_blocks", "max_valid_docs")
         st.append(
-            Stage(
+            self.stage(
                 "data",
                 self.stage_data,
-                {"tps": s.tokens_per_sample, "valid": [p.valid_docs, p.valid_blocks, p.max_valid_docs]},
+                (*data_fields, *(() if p.derived else ("corpus",))),  # derived: the split's pretrain.txt
                 reads=("import", *text_reads),
                 folder="data-bin",
                 writes=OWN_RECORD,
@@ -109,10 +127,10 @@ class Adaptation(Training):
         pretrain_reads = ["import", "data"]
         if self.spec.needs_generator:
             st.append(
-                Stage(
+                self.stage(
                     "generator",
                     self.stage_generator,
-                    {"updates": p.generator_updates, "settings": asdict(s), "seed": p.seed},
+                    ("pretrain", "generator_updates", "seed"),
                     reads=("import", "data"),
                     folder="generator",
                     writes=FAIRSEQ_TRAIN_FILES,
@@ -121,52 +139,29 @@ class Adaptation(Training):
             pretrain_reads.append("generator")
         if p.dev_in_training:
             pretrain_reads.extend(eval_reads)
-        pretrain_options = {
-            "objective": p.objective,
-            "settings": asdict(s),
-            "seed": p.seed,
-            "freeze": p.freeze_updates,  # None: chosen from the import (its fingerprint is read)
-            "encoder": [p.encoder_warmup_updates, p.encoder_lr_scale, p.layer_lr_decay],
-            "selection": [p.best_metric, p.dev_in_training],
-        }
         st.append(
-            Stage(
+            self.stage(
                 "pretrain",
                 self.stage_pretrain,
-                pretrain_options,
+                self.pretrain_fields(),
                 reads=tuple(pretrain_reads),
                 folder="pretrain",
                 writes=(*FAIRSEQ_TRAIN_FILES, "attempts.json"),
             )
         )
-        st.append(Stage("export", self.stage_export, reads=("pretrain",), folder="model", writes=OWN_RECORD))
-        st.append(Stage("original", self.stage_original, reads=("import",), folder="original", writes=OWN_RECORD))
-        st.append(
-            Stage(
-                "bm25",
-                self.stage_bm25,
-                {"k": p.k, "split": p.test_split},
-                reads=eval_reads,
-                folder="bm25",
-                writes=(BM25_RUN,),
-            )
-        )
-        ev = p.finetune
-        evaluation = {
-            "k": p.k,
-            "split": p.test_split,
-            "max_seq_length": p.max_seq_length,
-            "encode": [ev.encode_batch_size, ev.index],
-            "device": p.device,
-        }
-        ft = {k: v for k, v in asdict(ev).items() if k not in ("show_progress", "encode_batch_size", "index")}
+        st.append(self.stage("export", self.stage_export, ("best_metric",), reads=("pretrain",), folder="model",
+                             writes=OWN_RECORD))  # fmt: skip
+        st.append(self.stage("original", self.stage_original, reads=("import",), folder="original", writes=OWN_RECORD))
+        st.append(self.stage("bm25", self.stage_bm25, ("retrieval_dev", "test_split", "k"), reads=eval_reads,
+                             folder="bm25", writes=(BM25_RUN,)))  # fmt: skip
         report_reads = ["pretrain", "export", "bm25"]
         for who, model_stage in zip(WHO, ("original", "export")):
             st.append(
-                Stage(
+                self.stage(
                     f"zeroshot-{who}",
-                    lambda r, w=who: self.stage_zeroshot(w),
+                    self.stage_zeroshot,
                     evaluation,
+                    params={"who": who},
                     reads=(model_stage, *eval_reads),
                     folder=f"eval/zeroshot-{who}",
                     writes=RUN_FILES,
@@ -174,22 +169,29 @@ class Adaptation(Training):
             )
             report_reads.append(f"zeroshot-{who}")
             if p.train_queries is not None:
+                # both models alike: the same fields (seed included), only the model differs
                 st.append(
-                    Stage(
+                    self.stage(
                         f"finetune-{who}",
-                        lambda r, w=who: self.stage_finetune(w),
-                        {**evaluation, "finetune": ft},
-                        reads=(model_stage, *eval_reads, "train_queries"),
+                        self.stage_finetune,
+                        (*finetuning, "train_queries"),
+                        params={"who": who},
+                        reads=(model_stage, *eval_reads),
                         folder=f"eval/finetune-{who}",
                         writes=RUN_FILES,
                     )
                 )
                 report_reads.append(f"finetune-{who}")
-        st.append(
-            Stage("report", self.stage_report, {"resamples": p.resamples, "command": p.command},
-                  reads=tuple(report_reads))  # fmt: skip
-        )
+        # the report states the whole plan (its command and settings)
+        st.append(self.stage("report", self.stage_report, (WHOLE_PLAN,), reads=tuple(report_reads),
+                             products=REPORT_FILES))  # fmt: skip
         return st
+
+    def pretrain_fields(self) -> Tuple[str, ...]:
+        """What the continued pre-training reads (``Training.train_args``)."""
+        selection = ("best_metric", "dev_in_training", *(("retrieval_dev",) if self.plan.dev_in_training else ()))
+        return ("objective", "pretrain", "seed", "freeze_updates", "encoder_warmup_updates", "encoder_lr_scale",
+                "layer_lr_decay", *selection)  # fmt: skip
 
     def external(self) -> Dict[str, str]:
         p = self.plan
@@ -219,9 +221,7 @@ class Adaptation(Training):
     def run(self) -> Dict[str, Any]:
         runner = self.runner()
         check_stage_folders(self.out, runner, "the adaptation")
-        if not all((self.out / f).is_file() for f in REPORT_FILES):
-            runner.marker("report").unlink(missing_ok=True)  # a report the user removed is written again
-        results = runner.run()
+        results = runner.run()  # a product the user removed (a report, model/) is made again
         if not self.ran:
             log("every stage was already done with these options and inputs: nothing to do")
         return results
@@ -232,7 +232,7 @@ class Adaptation(Training):
 
         def body():
             import_model(self.plan.model, self.imported, force=True, seed=self.plan.seed)
-            return {"mlm_head": self.import_record().get("mlm_head"), "new_heads": self.new_heads()}
+            return {"mlm_head": self.import_record().get("mlm_head")}  # the new heads: the objective's (pretrain)
 
         return _timed(body)
 
@@ -339,10 +339,11 @@ class Adaptation(Training):
         p = self.plan
         log(f"{tag}: encoding {len(test.corpus)} passages and {len(test.query_ids())} queries")
         metrics, run = evaluate_model(
-            model, test, k=p.k, batch_size=p.finetune.encode_batch_size, index=p.finetune.index, show_progress=False
-        )
+            model, test, k=p.k, batch_size=p.finetune.encode_batch_size, index=p.finetune.index,
+            show_progress=False, names=METRICS,
+        )  # fmt: skip
         write_trec_run(run, folder / "run.trec", tag=tag)
-        log(f"{tag}: " + ", ".join(f"{m} {metrics[m]:.4f}" for m in METRICS))  # R@1000 > --k would mislead
+        log(f"{tag}: " + ", ".join(f"{m} {metrics[m]:.4f}" for m in METRICS))
         return metrics
 
     def _load(self, who: str):
@@ -354,7 +355,7 @@ class Adaptation(Training):
         p = self.plan
         return load_model(str(self._model_folder(who)), p.device, p.max_seq_length, representation="cls")
 
-    def stage_zeroshot(self, who: str) -> dict:
+    def stage_zeroshot(self, results, who: str) -> dict:
         from ..retrieval.data import load_data
 
         def body():
@@ -363,7 +364,7 @@ class Adaptation(Training):
 
         return _timed(body)
 
-    def stage_finetune(self, who: str) -> dict:
+    def stage_finetune(self, results, who: str) -> dict:
         from ..retrieval.data import load_data
         from ..retrieval.training import finetune
 
@@ -372,11 +373,15 @@ class Adaptation(Training):
         def body():
             model = self._load(who)
             log(f"fine-tuning the {who} model on {self.train_set} (train split)")
-            summary = finetune(model, load_data(self.train_set, "train"), replace(p.finetune, seed=p.seed))
+            settings = replace(p.finetune, seed=p.seed)
+            summary = finetune(model, load_data(self.train_set, "train"), settings)
             folder = self.eval_dir(f"finetune-{who}")
             metrics = self._search(model, load_data(self.eval_set, p.test_split), folder, f"{who}-finetuned")
             write_json_atomic(folder / "summary.json", summary)
-            return {"metrics": metrics, "steps": summary["steps"], "train_queries": summary["train_queries"]}
+            # what the report's "fine-tuned identically" is checked against (report.finetune_settings)
+            used = {"data": str(self.train_set), **jsonable(settings)}
+            return {"metrics": metrics, "steps": summary["steps"], "train_queries": summary["train_queries"],
+                    "settings": used}  # fmt: skip
 
         return _timed(body)
 

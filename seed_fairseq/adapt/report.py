@@ -83,6 +83,16 @@ def collect(ad, results: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def finetune_settings(results: Dict[str, Any]) -> Dict[str, Any]:
+    """The fine-tuning both models had, as their stages recorded it: the report says "both models
+    alike" only when the two records agree (data, every setting, the seed).  Their stages declare
+    the same plan fields, so they always do; a record that disagrees is a bug, never reported."""
+    used = [results.get(f"finetune-{who}", {}).get("settings") for who in ("original", "adapted")]
+    if used[0] is None or used[0] != used[1]:
+        raise RuntimeError(f"the two fine-tunings were not identical: {used[0]} vs {used[1]}")
+    return used[0]
+
+
 def _evaluation(ad, results, test) -> Dict[str, Any]:
     p = ad.plan
     info = {
@@ -103,15 +113,15 @@ def _evaluation(ad, results, test) -> Dict[str, Any]:
         info["design"] = f"given: {p.retrieval_dev}"
         info["selected_on_same_split"] = p.dev_in_training and p.test_split == "dev"
     if p.train_queries is not None:
-        ft = p.finetune
+        ft = finetune_settings(results)
         info["finetune"] = {
-            "data": str(p.train_queries),
-            "negatives": ft.negatives,
-            "loss": ft.loss,
-            "epochs": ft.epochs,
-            "batch_size": ft.batch_size,
-            "lr": ft.lr,
-            "seed": p.seed,
+            "data": ft["data"],
+            "negatives": ft["negatives"],
+            "loss": ft["loss"],
+            "epochs": ft["epochs"],
+            "batch_size": ft["batch_size"],
+            "lr": ft["lr"],
+            "seed": ft["seed"],
             "train_queries": results.get("finetune-adapted", {}).get("train_queries"),
         }
     return info

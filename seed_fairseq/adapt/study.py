@@ -24,16 +24,16 @@ original's by the paired permutation test.
 """
 
 import argparse
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from preprocess.stages import Runner, Stage
+from preprocess.stages import WHOLE_PLAN, Runner, Stage
 
 from ..compare.layout import FAIRSEQ_TRAIN_FILES, OWN_RECORD, check_stage_folders
-from ..compare.objectives import OBJECTIVES, parse_objectives
+from ..compare.objectives import OBJECTIVES, check_fairseq_args, parse_objectives
 from . import plan as defaults
-from .pipeline import Adaptation, _timed
+from .pipeline import EVALUATION, FINETUNING, Adaptation, _timed
 from .plan import REPORT_FILES, RUN_FILES, STATE, AdaptPlan, claim_out, lock_out, log
 
 TOOL = "seed_fairseq.adapt.study"
@@ -137,68 +137,48 @@ class Study(Adaptation):
     def stages(self) -> List[Stage]:
         shared = ("import", "split", "retrieval", "data", "original", "bm25", "zeroshot-original")
         st = [s for s in super().stages() if s.name in shared]
-        ev = self._evaluation_options()
-        ft = {**ev, "finetune": self._finetune_options()}
         if any(OBJECTIVES[o].needs_generator for o in self.objectives):
             gen = Adaptation(replace(self.plan, objective=next(o for o in self.objectives
                                                               if OBJECTIVES[o].needs_generator)))  # fmt: skip
             st.insert(
                 st.index(next(s for s in st if s.name == "data")) + 1,
-                Stage("generator", gen.stage_generator,
-                      {"updates": self.plan.generator_updates, "settings": asdict(self.plan.pretrain),
-                       "seed": self.plan.seed},
-                      reads=("import", "data"), folder="generator", writes=FAIRSEQ_TRAIN_FILES),
+                gen.stage("generator", gen.stage_generator, ("pretrain", "generator_updates", "seed"),
+                          reads=("import", "data"), folder="generator", writes=FAIRSEQ_TRAIN_FILES),
             )  # fmt: skip
         for s, orig in self.originals.items():
-            st.append(Stage(f"finetune-original-s{s}", lambda r, o=orig: o.stage_finetune("original"),
-                            {**ft, "seed": s}, reads=("original", "retrieval"),
-                            folder=f"eval/finetune-original-s{s}", writes=RUN_FILES))  # fmt: skip
+            st.append(orig.stage(f"finetune-original-s{s}", orig.stage_finetune, FINETUNING, params={"who": "original"},
+                                 reads=("original", "retrieval"), folder=f"eval/finetune-original-s{s}",
+                                 writes=RUN_FILES))  # fmt: skip
         cell_names = []
         for name, cell in self.cells.items():
-            p = cell.plan
             reads = ("import", "data", "generator") if cell.spec.needs_generator else ("import", "data")
-            options = {
-                "objective": p.objective,
-                "settings": asdict(p.pretrain),
-                "seed": p.seed,
-                "freeze": p.freeze_updates,
-                "encoder": [p.encoder_warmup_updates, p.encoder_lr_scale, p.layer_lr_decay],
-            }
             folder = f"cells/{name}"
             st += [
-                Stage(f"pretrain-{name}", cell.stage_pretrain, options, reads=reads, folder=f"{folder}/pretrain",
-                      writes=(*FAIRSEQ_TRAIN_FILES, "attempts.json")),
-                Stage(f"export-{name}", cell.stage_export, reads=(f"pretrain-{name}",), folder=f"{folder}/model",
-                      writes=OWN_RECORD),
-                Stage(f"zeroshot-{name}", lambda r, c=cell: c.stage_zeroshot("adapted"), ev,
-                      reads=(f"export-{name}", "retrieval"), folder=f"{folder}/eval/zeroshot", writes=RUN_FILES),
-                Stage(f"finetune-{name}", lambda r, c=cell: c.stage_finetune("adapted"), {**ft, "seed": p.seed},
-                      reads=(f"export-{name}", "retrieval"), folder=f"{folder}/eval/finetune", writes=RUN_FILES),
+                cell.stage(f"pretrain-{name}", cell.stage_pretrain, cell.pretrain_fields(), reads=reads,
+                           folder=f"{folder}/pretrain", writes=(*FAIRSEQ_TRAIN_FILES, "attempts.json")),
+                cell.stage(f"export-{name}", cell.stage_export, reads=(f"pretrain-{name}",), folder=f"{folder}/model",
+                           writes=OWN_RECORD),
+                cell.stage(f"zeroshot-{name}", cell.stage_zeroshot, EVALUATION, params={"who": "adapted"},
+                           reads=(f"export-{name}", "retrieval"), folder=f"{folder}/eval/zeroshot", writes=RUN_FILES),
+                cell.stage(f"finetune-{name}", cell.stage_finetune, FINETUNING, params={"who": "adapted"},
+                           reads=(f"export-{name}", "retrieval"), folder=f"{folder}/eval/finetune", writes=RUN_FILES),
             ]  # fmt: skip
             cell_names += [f"zeroshot-{name}", f"finetune-{name}"]
-        from .study_report import write_study_report
-
         reads = ("bm25", "zeroshot-original", *(f"finetune-original-s{s}" for s in self.seeds), *cell_names)
-        st.append(Stage("report", lambda r: _timed(lambda: {"files": write_study_report(self, r)}),
-                        {"resamples": self.plan.resamples, "command": self.plan.command}, reads=reads))  # fmt: skip
+        # the report states the whole plan (its command, its settings)
+        st.append(self.stage("report", self.stage_report, (WHOLE_PLAN,), reads=reads, products=REPORT_FILES))
         return st
 
-    def _evaluation_options(self) -> Dict[str, Any]:
-        p, ev = self.plan, self.plan.finetune
-        return {"k": p.k, "split": p.test_split, "max_seq_length": p.max_seq_length,
-                "encode": [ev.encode_batch_size, ev.index], "device": p.device}  # fmt: skip
+    def stage_report(self, results) -> dict:
+        from .study_report import write_study_report
 
-    def _finetune_options(self) -> Dict[str, Any]:
-        drop = ("show_progress", "encode_batch_size", "index", "seed")
-        return {k: v for k, v in asdict(self.plan.finetune).items() if k not in drop}
+        return _timed(lambda: {"files": write_study_report(self, results)})
 
     def run(self) -> Dict[str, Any]:
         runner = Runner(self.out, [self._announced(s) for s in self.stages()], self.external(),
                         state_dir=self.out / STATE)  # fmt: skip
         check_stage_folders(self.out, runner, "the adaptation study")
-        if not all((self.out / f).is_file() for f in REPORT_FILES):
-            runner.marker("report").unlink(missing_ok=True)
-        results = runner.run()
+        results = runner.run()  # a product the user removed (a report, a cell's model) is made again
         if not self.ran:
             log("every stage was already done with these options and inputs: nothing to do")
         return results
@@ -255,8 +235,9 @@ def build(args: argparse.Namespace, argv: List[str], prog: str) -> Tuple[AdaptPl
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         seeds = []
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ValueError(f"--seeds: {args.seeds!r}: give distinct non-negative integers, comma-separated")
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
+        raise ValueError(f"--seeds: {args.seeds!r}: give distinct integers in [0, 2**32) (numpy's seeds), "
+                         "comma-separated")  # fmt: skip
     if args.train_queries is not None or args.retrieval_dev is not None:
         raise ValueError("the study derives its retrieval set (train, test) from documents held out of --corpus: "
                          "--retrieval-dev and --train-queries are adapt.py's")  # fmt: skip
@@ -268,6 +249,8 @@ def build(args: argparse.Namespace, argv: List[str], prog: str) -> Tuple[AdaptPl
     # no validation: the last checkpoint is each cell's model
     settings = replace(plan.pretrain, validate_every=0, probe_size=0, save_every=plan.pretrain.updates)
     plan = replace(plan, pretrain=settings, dev_in_training=False, train_queries=None, best_metric="")
+    for objective in objectives[1:]:  # build_plan checked the first one's
+        check_fairseq_args(settings.fairseq_args, Adaptation(replace(plan, objective=objective)).train_args(True))
     return plan, objectives, arms, seeds
 
 

@@ -11,7 +11,7 @@ the best checkpoint.  Everything read from the import is read when the stage run
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..compare.layout import StageError
 from ..compare.logs import read_valid
@@ -50,11 +50,11 @@ class Training(Paths):
             return p.freeze_updates
         return round(FREEZE_SHARE * p.pretrain.updates) if self.new_heads() else 0
 
-    def safeguard_args(self) -> List[str]:
+    def safeguard_args(self, freeze: Optional[int] = None) -> List[str]:
         """The encoder's own schedule while the new heads catch up (tasks/encoder_lr.py)."""
         p = self.plan
         return [
-            "--freeze-encoder-updates", str(self.freeze_updates()),
+            "--freeze-encoder-updates", str(self.freeze_updates() if freeze is None else freeze),
             "--encoder-warmup-updates", str(p.encoder_warmup_updates),
             "--encoder-lr-scale", str(p.encoder_lr_scale),
             "--layer-lr-decay", str(p.layer_lr_decay),
@@ -81,29 +81,34 @@ class Training(Paths):
         # loaded only while the save-dir has no checkpoint of its own: a rerun resumes
         return ["--finetune-from-model", str(self.imported / CHECKPOINT)]
 
-    def train_args(self) -> List[str]:
-        """fairseq-train's arguments (after DATA) of the continued pre-training."""
+    def train_args(self, planned: bool = False) -> List[str]:
+        """fairseq-train's arguments (after DATA) of the continued pre-training.  ``planned``: the
+        tool's own, before the import exists (placeholders for what it decides) and without
+        --fairseq-args: the options --fairseq-args may not set (``cli.build_plan``)."""
         p = self.plan
+        own = [*self.warm_start(), *self.safeguard_args(0 if planned else None), *self.selection_args()]
         s = replace(
             p.pretrain,
-            encoder_args=self.model_args(),
-            fairseq_args=[*self.warm_start(), *self.safeguard_args(), *self.selection_args(), *p.pretrain.fairseq_args],
+            encoder_args=[] if planned else self.model_args(),
+            fairseq_args=own if planned else [*own, *p.pretrain.fairseq_args],
         )
-        gen = str(self.generator_checkpoint()) if self.spec.needs_generator else None
-        return objective_args(self.spec, s, p.seed, gen)
+        gen = ("GENERATOR" if planned else str(self.generator_checkpoint())) if self.spec.needs_generator else None
+        args = objective_args(self.spec, s, p.seed, gen)
+        if planned and self.spec.needs_generator:  # its generator may be trained with --fairseq-args too
+            args += self.generator_train_args(planned=True)
+        return args
 
-    def generator_train_args(self) -> List[str]:
+    def generator_train_args(self, planned: bool = False) -> List[str]:
         """The import's MLM head trained alone (the encoder frozen for every update): a masked LM
         that predicts with the model's own features, for SimLM's replaced tokens."""
         p = self.plan
         s = replace(p.pretrain, updates=p.generator_updates, warmup=max(1, p.generator_updates // 10))
         return [
             "--task", "seed_pretrain", "--criterion", "seed_pretrain", "--arch", "seed_encoder_mlm_only",
-            *self.model_args(), "--mlm-weight", "1.0", "--batch-size", str(s.batch_size), *common_args(s),
-            "--disable-validation", "--seed", str(p.seed), *self.warm_start(),
-            "--freeze-encoder-updates", str(p.generator_updates), *s.fairseq_args,
+            *([] if planned else self.model_args()), "--mlm-weight", "1.0", "--batch-size", str(s.batch_size),
+            *common_args(s), "--disable-validation", "--seed", str(p.seed), *self.warm_start(),
+            "--freeze-encoder-updates", str(p.generator_updates), *([] if planned else s.fairseq_args),
         ]  # fmt: skip
-
 
     def choose_checkpoint(self) -> Dict[str, Any]:
         """The checkpoint the adapted model is: fairseq's ``checkpoint_best.pt`` (the best

@@ -93,6 +93,42 @@ def check_retrieval_splits(plan: Plan, docs: List[List[str]]) -> None:
             )
 
 
+def check_gpu(gpu: bool) -> None:
+    """--gpu on a machine where torch sees no CUDA device: refused now, not after the data and the
+    pre-training ran (fairseq-train would then fail, or the evaluation would)."""
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--gpu: torch sees no CUDA device on this machine; run without --gpu (on the CPU)")
+
+
+def check_model_folder(folder: Path, flag: str) -> None:
+    """A HuggingFace folder a stage will import: weights, tokenizer and vocabulary checked from
+    their headers (``hf.import_.check_source``), before --out is created."""
+    from ..hf.import_ import HFImportError, check_source
+
+    try:
+        check_source(folder)
+    except HFImportError as e:
+        raise ValueError(f"{e} ({flag})") from None
+
+
+def glue_option_values(argv: Sequence[str], flags: Sequence[str]) -> List[str]:
+    """``argv`` with ``FLAG VALUE`` written ``FLAG=VALUE`` for the ``flags`` whose value is a list of
+    options of another program (``--fairseq-args "--fp16"``): argparse would read the value as an
+    option of its own and refuse it."""
+    out: List[str] = []
+    it = iter(argv)
+    for a in it:
+        if a in flags:
+            value = next(it, None)
+            out.append(a if value is None else f"{a}={value}")
+        else:
+            out.append(a)
+    return out
+
+
 def check_plan(plan: Plan, docs: List[List[str]]) -> None:
     """Everything that can be refused before the first stage (ValueError, DataFormatError, HFImportError)."""
     check_positions(plan)

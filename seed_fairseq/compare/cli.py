@@ -21,18 +21,23 @@ from typing import List, Optional
 
 from preprocess.errors import PreprocessError
 
-from ..fileio import OutputError, storage_line
+from ..fileio import OutputError, check_apart, check_out_path, storage_line
 from ..retrieval.cli import nonneg_int, positive_int, report, seed_int
 from ..retrieval.config import add_config_args, config_from_args, flag_of
 from ..retrieval.data import DataFormatError
+from ..retrieval.metrics import check_depth
 from ..retrieval.search import SearchError
-from .checks import check_plan
+from .checks import check_gpu, check_model_folder, check_plan, glue_option_values
 from .heldout import blocks_needed, plan_valid_docs
 from .interrupt import Interrupted, handle_interrupts
 from .layout import Plan, corpus_documents
-from .objectives import OBJECTIVES, ORDER, PretrainSettings, parse_objectives
+from .objectives import OBJECTIVES, ORDER, PretrainSettings, check_fairseq_args, parse_objectives
 from .pipeline import Comparison, StageError, claim_out, lock_out
 from .presets import PRESETS
+from .report import METRICS
+
+# flags whose value is a list of fairseq-train options (``--fairseq-args "--fp16"``, as the docs write it)
+OPTION_LISTS = ("--fairseq-args", "--encoder-args", "--generator-args")
 
 
 def _fractions(text: str) -> List[float]:
@@ -144,6 +149,7 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     objectives = parse_objectives(args.objectives)
+    check_out_path(Path(args.out))  # a file on the way, a read-only folder, ':' (fairseq's DATA list)
     corpus = Path(args.corpus).resolve()
     if not corpus.is_file():
         hint = " (make it with: bash examples/data/get_debian_corpus.sh)" if args.corpus == preset["corpus"] else ""
@@ -156,6 +162,10 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
     rdata = Path(args.retrieval_data).resolve() if args.retrieval_data else None
     if rdata is not None and not rdata.is_dir():
         raise OutputError(rdata, "--retrieval-data: not a folder")
+    # --out inside an input (a new fingerprint on every run), or an input inside --out
+    check_apart(Path(args.out), [("--corpus", corpus), ("--init", init), ("--retrieval-data", rdata)], "the comparison")
+    check_gpu(args.gpu)
+    check_depth(args.k, METRICS)
     if not args.lr > 0:
         raise ValueError("--lr must be > 0")
     if args.warmup > args.updates:
@@ -215,6 +225,9 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         settings=resolved,
     )
     check_plan(plan, docs)
+    if init is not None:  # weights, tokenizer and vocabulary of the model the import stage will read
+        check_model_folder(init, "--init")
+    check_fairseq_args(settings.fairseq_args, Comparison(plan).planned_args())
     return plan
 
 
@@ -254,7 +267,7 @@ def report_stage_error(e: Exception) -> Optional[int]:
 
 def _main(argv: Optional[List[str]], prog: str) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
+    args = parser().parse_args(glue_option_values(argv, OPTION_LISTS))
     quiet_libraries()
     try:
         plan = build_plan(args, argv, prog)

@@ -31,6 +31,7 @@ from ..retrieval.search import load_model
 from ..retrieval.training import finetune
 from .layout import corpus_documents, fraction_label, log
 from .objectives import OBJECTIVES
+from .report import METRICS
 
 SIMILARITY_CHARS = 1_000_000  # text the [CLS]-cosine windows are cut from
 
@@ -59,7 +60,8 @@ def evaluate_run(comp, obj: str, seed: int) -> None:
     hf = comp.hf_dir(obj, seed)
     train = load_data(comp.retrieval_dir, p.train_split)
     test = load_data(comp.retrieval_dir, p.test_split)
-    search = dict(k=p.k, batch_size=p.finetune.encode_batch_size, index=p.finetune.index, show_progress=False)
+    search = dict(k=p.k, batch_size=p.finetune.encode_batch_size, index=p.finetune.index, show_progress=False,
+                  names=METRICS)  # fmt: skip
 
     sim_file = folder / "cls_similarity.json"
     if not sim_file.exists():

@@ -171,6 +171,34 @@ SCHEDULE_OPTIONS = (
 )
 
 
+# What one update computes of the settings (every field but the schedule's lengths and
+# intervals): the FLOPs stage reads these, and counts with ``per_update_settings``.
+PER_UPDATE_FIELDS = tuple(
+    f"pretrain.{name}"
+    for name in ("encoder_args", "tokens_per_sample", "batch_size", "update_freq", "lr", "fairseq_args", "gpu")
+)
+
+
+def per_update_settings(s: PretrainSettings) -> PretrainSettings:
+    """``s`` with its schedule's lengths and intervals set to fixed values (1 update, no warm-up,
+    no validation): the settings one update's FLOPs are counted with.  Reads only the fields of
+    ``PER_UPDATE_FIELDS``."""
+    return PretrainSettings(
+        encoder_args=list(s.encoder_args),
+        tokens_per_sample=s.tokens_per_sample,
+        batch_size=s.batch_size,
+        update_freq=s.update_freq,
+        updates=1,
+        warmup=0,
+        lr=s.lr,
+        validate_every=0,
+        probe_size=0,
+        fairseq_args=list(s.fairseq_args),
+        gpu=s.gpu,
+        save_every=1,
+    )
+
+
 def per_update_args(args: List[str]) -> List[str]:
     """``args`` without the schedule options (each followed by its value): what a FLOPs count depends on."""
     out, skip = [], False
@@ -269,3 +297,41 @@ def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generato
         str(seed),
         *s.fairseq_args,
     ]
+
+
+# ---------------------------------------------------------------------------
+# --fairseq-args: added options, never a second value for a planned one
+# ---------------------------------------------------------------------------
+
+
+def _training_options() -> Mapping[str, str]:
+    """fairseq-train's option strings -> their destination (``--max-sentences`` is ``batch_size``)."""
+    from fairseq import options
+
+    return {opt: action.dest for opt, action in options.get_training_parser()._option_string_actions.items()}
+
+
+def _options(args: Sequence[str], dests: Mapping[str, str]) -> Dict[str, str]:
+    """{destination: the option as written} of the options in ``args`` (values and negative numbers skipped)."""
+    found: Dict[str, str] = {}
+    for a in args:
+        if not a.startswith("-") or a[1:2].isdigit() or a[1:2] == ".":
+            continue
+        opt = a.split("=", 1)[0]
+        found.setdefault(dests.get(opt, opt.lstrip("-").replace("-", "_")), opt)
+    return found
+
+
+def check_fairseq_args(user: Sequence[str], planned: Sequence[str], flag: str = "--fairseq-args") -> None:
+    """ValueError when ``user`` (``--fairseq-args``) sets an option of ``planned`` (the tool's own
+    fairseq-train arguments), under its name or an alias (``--max-sentences`` for ``--batch-size``):
+    fairseq would take the last value, while the tool's report states its planned one.  Options the
+    tool does not set (``--fp16``, ``--required-batch-size-multiple``) are what the flag is for."""
+    dests = _training_options()
+    mine = _options(planned, dests)
+    for dest, opt in _options(user, dests).items():
+        if dest in mine:
+            raise ValueError(
+                f"{flag}: {opt} is planned by the tool (as {mine[dest]}), and its report states the planned value; "
+                "set it with the tool's own flag (see --help) instead of overriding it"
+            )

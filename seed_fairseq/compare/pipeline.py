@@ -28,9 +28,9 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
-from preprocess.stages import Runner, Stage
+from preprocess.stages import PlanReads, Runner, Stage
 
 from ..fileio import write_json_atomic
 from ..retrieval.data import load_data
@@ -63,8 +63,25 @@ from .layout import (  # noqa: F401  (claim_out, lock_out, corpus_documents, eva
     sample_documents,
     write_retrieval_set,
 )
-from .objectives import OBJECTIVES, PretrainSettings, common_args, objective_args, per_update_args
+from .objectives import (
+    OBJECTIVES,
+    PER_UPDATE_FIELDS,
+    PretrainSettings,
+    common_args,
+    objective_args,
+    per_update_settings,
+)
 from .report import write_report
+
+# How the stages read the plan (preprocess.stages.PlanReads): the fields no product depends
+# on, and the fields that are the paths of the external inputs (their content is read too).
+PLAN_READS = PlanReads(
+    free={
+        "threads": "CPU threads per process: the speed (results equal up to the order of float sums)",
+        "out": "where the products go, not what they are (a moved --out is the same run)",
+    },
+    inputs={"corpus": "corpus", "init": "init", "retrieval_data": "retrieval_data"},
+)
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -124,20 +141,25 @@ class Comparison(Layout):
         imported = self.out / "import"
         return [*(read_model_args(imported) or []), "--finetune-from-model", str(imported / "checkpoint.pt")]
 
-    def settings_for_objectives(self) -> PretrainSettings:
-        s = self.plan.pretrain
+    def settings_for_objectives(self, settings: Optional[PretrainSettings] = None) -> PretrainSettings:
+        s = settings or self.plan.pretrain
         if self.plan.init:  # the imported model's own encoder sizes replace the preset's
             return replace(s, encoder_args=[], fairseq_args=[*s.fairseq_args, *self.init_args()])
         return s
 
-    def train_args(self, obj: str, seed: int) -> List[str]:
+    def train_args(self, obj: str, seed: int, settings: Optional[PretrainSettings] = None) -> List[str]:
+        """fairseq-train's arguments (after DATA) of ``obj``'s pre-training with ``seed`` (``settings``:
+        the plan's, or the per-update ones the FLOPs are counted with)."""
         gen = str(self.generator_checkpoint()) if OBJECTIVES[obj].needs_generator else None
-        return objective_args(OBJECTIVES[obj], self.settings_for_objectives(), seed, gen)
+        return objective_args(OBJECTIVES[obj], self.settings_for_objectives(settings), seed, gen)
 
-    def generator_train_args(self) -> List[str]:
-        s = self.plan.pretrain
-        gs = replace(s, updates=self.plan.generator_updates, warmup=min(s.warmup, self.plan.generator_updates // 10))
-        model = shlex.split(" ".join(self.init_args()[:-2])) if self.plan.init else []
+    def generator_train_args(self, settings: Optional[PretrainSettings] = None, planned: bool = False) -> List[str]:
+        """SimLM's generator's fairseq-train arguments (``settings``: the per-update ones of the FLOPs
+        count; ``planned``: before the import exists, without its model options)."""
+        s = settings or self.plan.pretrain
+        updates = self.plan.generator_updates if settings is None else s.updates
+        gs = replace(s, updates=updates, warmup=min(s.warmup, updates // 10))
+        model = shlex.split(" ".join(self.init_args()[:-2])) if self.plan.init and not planned else []
         return [
             "--task",
             "seed_pretrain",
@@ -158,121 +180,123 @@ class Comparison(Layout):
             *s.fairseq_args,
         ]
 
+    def planned_args(self) -> List[str]:
+        """The fairseq-train options the comparison sets itself (every objective's, the generator's,
+        the import's as placeholders), without --fairseq-args: what --fairseq-args may not set."""
+        p = self.plan
+        s = replace(p.pretrain, fairseq_args=["--finetune-from-model", "IMPORT"] if p.init else [])
+        args = [a for o in p.objectives for a in objective_args(OBJECTIVES[o], s, p.seeds[0], "GENERATOR")]
+        if any(OBJECTIVES[o].needs_generator for o in p.objectives):
+            args += self.generator_train_args(replace(s, updates=p.generator_updates), planned=True)
+        return args
+
     # ---- stages ----
+    def stage(self, name: str, body, fields=(), **kwargs) -> Stage:
+        """A stage whose body reads exactly the plan ``fields`` it declares (``PLAN_READS``)."""
+        return PLAN_READS.stage(self, name, body, fields, **kwargs)
+
     def stages(self) -> List[Stage]:
+        """The stages; each one's options are the plan fields its body reads and its parameters,
+        never anything read from another stage's output (that is in the fingerprint of the stage
+        it comes from): the first run and its rerun list the same fingerprints."""
         p = self.plan
         st: List[Stage] = []
-        data_reads = ["corpus"]
+        init_reads: Tuple[str, ...] = ()
         if p.init:
-            st.append(
-                Stage(
-                    "import",
-                    self.stage_import,
-                    {"init": str(p.init)},
-                    reads=("init",),
-                    folder="import",
-                    writes=OWN_RECORD,
-                )
-            )
-            data_reads.append("import")
+            st.append(self.stage("import", self.stage_import, ("init",), folder="import", writes=OWN_RECORD))
+            init_reads = ("import",)
+        # with --init the import's tokenizer: --vocab-size is not read
+        data_fields = ("init", "corpus", "valid_docs", "valid_blocks", "max_valid_docs", "pretrain.tokens_per_sample")
         st.append(
-            Stage(
+            self.stage(
                 "data",
                 self.stage_data,
-                {
-                    "vocab_size": None if p.init else p.vocab_size,
-                    "valid_docs": p.valid_docs,
-                    "valid_blocks": [p.valid_blocks, p.max_valid_docs],
-                    "tps": p.pretrain.tokens_per_sample,
-                },
-                reads=tuple(data_reads),
+                (*data_fields, *(() if p.init else ("vocab_size",))),
+                reads=init_reads,
                 folder="data-bin",
                 writes=OWN_RECORD,
             )
         )
         if p.retrieval_data is None:
             st.append(
-                Stage(
+                self.stage(
                     "retrieval",
                     self.stage_retrieval,
-                    {"docs": p.retrieval_docs},
-                    reads=("corpus",),
+                    ("corpus", "retrieval_docs", "retrieval_data"),
                     folder="retrieval",
                     writes=RETRIEVAL_FILES,
                 )
             )
-            rreads = ("retrieval",)
+            rreads: Tuple[str, ...] = ("retrieval",)
         else:
-            rreads = ("retrieval_data",)
+            rreads = ()  # the retrieval_data field: its content (PLAN_READS.inputs)
         st.append(
-            Stage(
+            self.stage(
                 "bm25",
                 self.stage_bm25,
-                {"k": p.k, "split": p.test_split},
+                ("retrieval_data", "test_split", "k"),
                 reads=rreads,
                 folder="bm25",
                 writes=(BM25_RUN,),
             )
         )
         needs_gen = any(OBJECTIVES[o].needs_generator for o in p.objectives)
+        gen_fields = ("pretrain", "generator_updates", "generator_args", "init")
         if needs_gen:
             st.append(
-                Stage(
+                self.stage(
                     "generator",
                     self.stage_generator,
-                    {"args": self.generator_train_args()},
-                    reads=("data",),
+                    gen_fields,
+                    reads=("data", *init_reads),
                     folder="generator",
                     writes=FAIRSEQ_TRAIN_FILES,
                 )
             )
         flops_reads = ("data", "generator") if needs_gen else ("data",)
         st.append(
-            Stage(
+            self.stage(
                 "flops",
                 self.stage_flops,
                 # per update: the schedule's lengths do not change it (a new --updates keeps this stage)
-                {o: per_update_args(self.train_args(o, p.seeds[0])) for o in p.objectives},
-                reads=flops_reads,
+                ("objectives", "init", *PER_UPDATE_FIELDS, *(("generator_args",) if needs_gen else ())),
+                params={"seed": p.seeds[0]},
+                reads=(*flops_reads, *init_reads),
             )
         )
-        ft = {k: v for k, v in asdict(p.finetune).items() if k not in ("show_progress", "seed", "train_fraction")}
-        eval_options = {
-            "finetune": ft,
-            "fractions": p.fractions,
-            "max_seq_length": p.max_seq_length,
-            "k": p.k,
-            "splits": [p.train_split, p.test_split],
-            "cos": [p.cos_lengths, p.cos_pairs],
-        }
+        eval_fields = ("finetune", "fractions", "max_seq_length", "k", "train_split", "test_split", "cos_lengths",
+                       "cos_pairs", "pretrain.gpu", "corpus", "retrieval_data")  # fmt: skip
         for o in p.objectives:
             for s in p.seeds:
                 name = run_name(o, s)
                 preads = ("data", "generator") if OBJECTIVES[o].needs_generator else ("data",)
                 st.append(
-                    Stage(
+                    self.stage(
                         f"pretrain-{name}",
-                        lambda r, o=o, s=s: self.stage_pretrain(o, s),
-                        {"args": self.train_args(o, s)},
-                        reads=preads,
+                        self.stage_pretrain,
+                        ("pretrain", "init"),
+                        params={"obj": o, "seed": s},
+                        reads=(*preads, *init_reads),
                         folder=f"pretrain/{o}/s{s}",
                         writes=(*FAIRSEQ_TRAIN_FILES, "attempts.json"),
                     )
                 )
                 st.append(
-                    Stage(
+                    self.stage(
                         f"export-{name}",
-                        lambda r, o=o, s=s: self.stage_export(o, s),
+                        self.stage_export,
+                        params={"obj": o, "seed": s},
                         reads=(f"pretrain-{name}",),
                         folder=f"hf/{o}/s{s}",
                         writes=OWN_RECORD,
                     )
                 )
                 st.append(
-                    Stage(
+                    self.stage(
                         f"eval-{name}",
-                        lambda r, o=o, s=s: self.stage_eval(o, s),
-                        {**eval_options, "seed": s},
+                        self.stage_eval,
+                        eval_fields,
+                        params={"obj": o, "seed": s},
                         reads=(f"export-{name}", *rreads),
                         folder=f"eval/{o}/s{s}",
                         writes=EVAL_FILES,
@@ -303,7 +327,7 @@ class Comparison(Layout):
         return write_report(self, results)
 
     # ---- stage bodies (each returns a JSON result with its wall time) ----
-    def stage_import(self, results) -> dict:
+    def stage_import(self, results) -> dict:  # its MLM head (if the model has none): seed 1, whatever --seed
         from ..hf.import_ import import_model
 
         t0 = time.time()
@@ -322,7 +346,7 @@ class Comparison(Layout):
             p.max_valid_docs,
             p.threads,
             tokenizer=self.out / "import" if p.init else None,
-            vocab_size=p.vocab_size,
+            vocab_size=None if p.init else p.vocab_size,  # with --init: the import's tokenizer
         )
         return {"seconds": time.time() - t0, **built}
 
@@ -347,16 +371,18 @@ class Comparison(Layout):
         run_logged([*cmd, "--save-dir", folder], folder / "train.log", self.env, append=True)
         return {"seconds": time.time() - t0}
 
-    def stage_flops(self, results) -> dict:
+    def stage_flops(self, results, seed: int) -> dict:
+        """FLOPs per update, counted with the schedule's lengths left out (``per_update_settings``)."""
         t0 = time.time()
         out = {}
+        settings = per_update_settings(self.plan.pretrain)
         for o in self.plan.objectives:
-            out[o] = count_update_flops(self.data_bin, self.train_args(o, self.plan.seeds[0]))
+            out[o] = count_update_flops(self.data_bin, self.train_args(o, seed, settings))
         if "generator" in results:
-            out["generator"] = count_update_flops(self.data_bin, self.generator_train_args())
+            out["generator"] = count_update_flops(self.data_bin, self.generator_train_args(settings))
         return {"seconds": time.time() - t0, "counts": out}  # totals: x updates, in the report
 
-    def stage_pretrain(self, obj: str, seed: int) -> dict:
+    def stage_pretrain(self, results, obj: str, seed: int) -> dict:
         folder = self.pretrain_dir(obj, seed)
         cmd = [fairseq_bin("fairseq-train"), self.data_bin, "--user-dir", USER_DIR, *self.train_args(obj, seed)]
         attempts = folder / "attempts.json"
@@ -368,7 +394,7 @@ class Comparison(Layout):
         write_json_atomic(attempts, earlier)
         return {"seconds": sum(earlier), "attempts": len(earlier)}
 
-    def stage_export(self, obj: str, seed: int) -> dict:
+    def stage_export(self, results, obj: str, seed: int) -> dict:
         from ..hf.export import ExportError, export
 
         t0 = time.time()
@@ -379,7 +405,7 @@ class Comparison(Layout):
             raise StageError(out, f"export failed: {e}") from None
         return {"seconds": time.time() - t0}
 
-    def stage_eval(self, obj: str, seed: int) -> dict:
+    def stage_eval(self, results, obj: str, seed: int) -> dict:
         t0 = time.time()
         evaluate_run(self, obj, seed)
         return {"seconds": time.time() - t0}

@@ -14,7 +14,9 @@ The guarantees (docs/guarantees.md):
   :func:`staged_output`): a user's notes or a save-dir inside the folder stay;
   anything else is refused with :class:`OutputError`;
 * nothing is deleted through a symbolic link: a listed path whose folders
-  include a link is refused before anything is deleted.
+  include a link is refused before anything is deleted;
+* an output folder is checked before anything is read or written (``paths``:
+  :func:`check_out_path`, :func:`check_apart`), the same way by every tool.
 """
 
 # One module of 0.2 split by job; every name keeps its import path ``seed_fairseq.fileio.NAME``.
@@ -63,6 +65,7 @@ from .ownership import (  # noqa: F401
     staged_output,
     write_output_record,
 )
+from .paths import FAIRSEQ_COLON, check_apart, check_out_path, place_in  # noqa: F401
 from .storage import (  # noqa: F401
     STORAGE_ERRNOS,
     naming,

@@ -53,6 +53,7 @@ from .folder import (
     read_config,
     read_weights,
     transformers_config,
+    weight_shapes,
 )
 from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq
 from .keymap import UnmappedKeyError
@@ -144,6 +145,28 @@ class Source(NamedTuple):
     stored_dtype: str  # what the files hold: float32, float16, bfloat16
     tokenizer: "PreTrainedTokenizerFast"
     vocab: TokenizerVocab
+
+
+def check_source(hf_dir: Path) -> None:
+    """What :func:`read_source` refuses, read from ``config.json``, the weights' headers and
+    the tokenizer only: a tool that imports the folder in a later stage (adapt, the
+    comparison's --init) refuses a folder without weights or tokenizer, or whose vocabulary
+    does not fit, before it writes anything.  :class:`HFImportError` (``FILE: problem``)."""
+    hf_dir = Path(hf_dir)
+    try:
+        hf_cfg = read_config(hf_dir)
+        check_architecture(hf_cfg, hf_dir)
+        transformers_config(hf_dir)
+        check_fits_weights(hf_cfg, weight_shapes(hf_dir), hf_dir / CONFIG)
+    except HFFolderError as e:
+        raise HFImportError(str(e)) from None
+    rows = hf_cfg["vocab_size"]
+    try:
+        tok = load_fast_tokenizer(hf_dir)
+        check_tokenizer_fits(tok, rows, hf_dir)
+        vocab_from_tokenizer(tok, hf_dir, expected_size=rows)
+    except TokenizerError as e:
+        raise HFImportError(str(e)) from None
 
 
 def read_source(hf_dir: Path) -> Source:

@@ -107,6 +107,9 @@ class FinetuneConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        from .metrics import CURVE_METRICS, check_depth
+
+        check_depth(self.eval_k, CURVE_METRICS, "--eval-k")  # the dev curve's metrics
         ranges = {
             "train_fraction": (0, 1, False),
             "lr": (0, math.inf, False),

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, List, Optional
 from .config import FinetuneConfig
 from .data import RetrievalData
 from .evaluate import evaluate_model
+from .metrics import CURVE_METRICS  # noqa: F401  (also its import path: training.py re-exports it)
 
 if TYPE_CHECKING:
     import torch
     from sentence_transformers import SentenceTransformer
     from torch.utils.hooks import RemovableHandle
 
-CURVE_METRICS = ("MRR@10", "R@100", "nDCG@10")
 PROGRESS_SECONDS = 30.0  # a progress line at least this often (and at the first and last step)
 
 
@@ -102,6 +102,7 @@ class CurveEvaluator:
             precision=self.cfg.precision,
             index=self.cfg.index,
             show_progress=False,
+            names=CURVE_METRICS,  # refused when --eval-k is below R@100's cutoff (config.validate)
             **self.index_kw,
         )
         row = {"step": step, "round": self.round, **{m: metrics[m] for m in CURVE_METRICS}}

@@ -4,13 +4,14 @@
 
 HF_DIR is an exported checkpoint (examples/export_to_hf.py) or a folder saved by
 finetune.py: a sentence-transformers model with [CLS] pooling.  The metrics
-(MRR@10, R@100, R@1000, nDCG@10) are printed as one JSON object on the last line.
+(MRR@10, R@100, R@1000, nDCG@10; those whose cutoff is within --k) are printed as one JSON object on the
+last line.
 """
 
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
 
 from .data import RetrievalData
-from .metrics import evaluate
+from .metrics import check_depth, evaluate, measured_at
 from .search import make_retriever
 
 if TYPE_CHECKING:
@@ -25,13 +26,21 @@ def evaluate_model(
     precision: str = "fp32",
     index: str = "flat",
     show_progress: bool = True,
+    names: Optional[Sequence[str]] = None,
     **index_kwargs,
 ) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]:
     """(metrics, run) of ``model`` on the judged queries of ``data``.
 
+    ``names``: the metrics (``metrics.MEASURES``); a ValueError, before anything is encoded,
+    when one looks deeper than the ``k`` documents ranked (``metrics.check_depth``).  Without
+    ``names``, the metrics a run of ``k`` documents can report (R@1000 only with k >= 1000).
     ValueError when ``data`` has no judged query (see ``metrics.per_query``),
     :class:`SearchError` for an empty corpus or index settings faiss refuses.
     """
+    if names is None:
+        names = measured_at(k)
+    else:
+        check_depth(k, names)
     retriever = make_retriever(
         model,
         data.corpus,
@@ -42,4 +51,4 @@ def evaluate_model(
         **index_kwargs,
     )
     run = retriever.retrieve({q: data.queries[q] for q in data.query_ids()}, k=k)
-    return evaluate(data.qrels, run), run
+    return evaluate(data.qrels, run, names), run

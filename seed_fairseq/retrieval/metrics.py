@@ -9,7 +9,7 @@ metric) as one JSON object on its last line.
 import math
 import sys
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import ir_measures
 import numpy as np
@@ -25,6 +25,31 @@ MEASURES = {
     "R@1000": ir_measures.R @ 1000,
     "nDCG@10": ir_measures.nDCG @ 10,
 }
+
+# what the dev curve of fine-tuning records at every evaluation (curve.py; --eval-k covers them)
+CURVE_METRICS = ("MRR@10", "R@100", "nDCG@10")
+
+
+def cutoff(name: str) -> int:
+    """The rank a metric looks down to (``R@100``: 100)."""
+    return int(MEASURES[name].params["cutoff"])
+
+
+def check_depth(k: int, names: Sequence[str] = tuple(MEASURES), flag: str = "--k") -> None:
+    """ValueError when runs of ``k`` documents per query are too shallow for a metric of ``names``:
+    a recall at 100 of a run of 5 documents is a recall at 5, printed as R@100."""
+    deepest = max(names, key=cutoff)
+    if k < cutoff(deepest):
+        raise ValueError(
+            f"{flag} {k} is below the cutoff of {deepest}, which the tool reports: a run of {k} documents per "
+            f"query would make it a measure at {k}; use {flag} {cutoff(deepest)} or more"
+        )
+
+
+def measured_at(k: int) -> Tuple[str, ...]:
+    """The metrics a run of ``k`` documents per query can report (their cutoff is at most ``k``)."""
+    return tuple(n for n in MEASURES if cutoff(n) <= k)
+
 
 Run = Mapping[str, Mapping[str, float]]
 Qrels = Mapping[str, Mapping[str, int]]
