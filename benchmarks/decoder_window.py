@@ -58,7 +58,7 @@ def build_decoder(window, dim=768, layers=3, heads=12, ffn=3072, vocab=1000, pos
 def time_shape(decoder, batch, length, repeat, dim=768):
     import torch
 
-    from seed_fairseq.models.bottleneck import cls_memory
+    from seed_fairseq.models.bottleneck import vector_memory
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, decoder.embed_tokens.num_embeddings, (batch, length), generator=g)
@@ -67,7 +67,7 @@ def time_shape(decoder, batch, length, repeat, dim=768):
     for i in range(repeat + 1):
         decoder.zero_grad()
         t, c = time.perf_counter(), time.process_time()
-        x, _ = decoder(tokens, encoder_out=cls_memory(features), features_only=True)
+        x, _ = decoder(tokens, encoder_out=vector_memory(features[:, 0]), features_only=True)
         x.float().pow(2).mean().backward()
         if i:  # the first is a warm-up
             wall.append(time.perf_counter() - t)

@@ -1,23 +1,27 @@
-"""Is [CLS] learning anything?  Pre-training diagnostics computed at every validation.
+"""Is the bottleneck learning anything?  Pre-training diagnostics computed at every validation.
 
-Built on what every objective declares, so each objective of the plugin gets them:
+Built on what every objective declares, so each objective of the plugin gets them.  "The
+vector" below is the model's own (``models/bottleneck.py``): the [CLS] vector by default,
+the ``--bottleneck-pooling`` one otherwise; the logged names keep "cls" (``cls_cosine``,
+``<term>_cls_bits``: other tools and the docs read them) whatever the pooling.
 
 * **bits through the bottleneck** (per term in ``criterion.bottleneck_terms``):
-  the term's loss with each sequence's own encoder position-0 vector minus its
-  loss with those vectors rotated across the batch (sequence i gets the [CLS]
-  vector of sequence i+1; a forward hook on ``model.encoder.sentence_encoder``
-  permutes ``encoder_out[0][0]``, the row every bottleneck term reads).  Logged
+  the term's loss with each sequence's own bottleneck vector minus its loss with
+  those vectors rotated across the batch (sequence i gets the vector of sequence
+  i+1; a forward hook on ``model.bottleneck``, the module every bottleneck term
+  reads the encoder through, rotates its output).  Logged
   as ``<term>_cls_bits`` (bits per unit of the term, like ``<term>_loss``) and
   ``<term>_cls_bits_seq`` (bits per sequence).  Near 0: the decoder side does
-  not use [CLS] (bypassed or unused bottleneck); > 0: what it takes from it.
-* **[CLS] anisotropy** ``cls_cosine``: the mean cosine between the [CLS] vectors
+  not use the vector (bypassed or unused bottleneck); > 0: what it takes from it.
+* **anisotropy** ``cls_cosine``: the mean cosine between the pooled vectors
   (of the UNMASKED blocks) of every pair of blocks in a validation batch.  Near
   1: all blocks get nearly the same vector (collapse).
 * **retrieval probe** (``--retrieval-probe-size N``, off by default): the first N
   validation blocks, each cut in two halves; the first half is the query, the
   second its one positive among the N second halves; ``probe_mrr10`` = MRR@10 of
-  [CLS] dot products (no labels needed; a tie ranks the positive below the
-  others), ``probe_candidates`` = N (chance is about 2.9/N).
+  the model's representation (``model.sentence_embedding``: pooled, unit vectors with
+  ``--retrieval-similarity cosine``) by inner product (no labels needed; a tie ranks the
+  positive below the others), ``probe_candidates`` = N (chance is about 2.9/N).
 * **the starting model's scores** (``start_logs``, ``log_vs_start``): the task scores
   the probe and ``--retrieval-dev`` (``retrieval_dev.py``) once before the first update
   and carries those numbers in every validation's logging output, so that each logs
@@ -40,18 +44,14 @@ PREFIX = "diag_"
 START = PREFIX + "start_"  # the starting model's scores, carried to every validation (start_logs)
 
 
-def rotate_cls(model) -> torch.utils.hooks.RemovableHandle:
-    """Context-free hook handle: position 0 of the encoder output rotated by one across the batch."""
+def rotate_bottleneck(model) -> torch.utils.hooks.RemovableHandle:
+    """Context-free hook handle: the bottleneck vectors (``model.bottleneck``'s output, B x C)
+    rotated by one across the batch."""
 
     def hook(module, inputs, output):
-        states = output["encoder_out"][0]  # T x B x C
-        if states.size(1) < 2:
-            return output
-        rotated = states.clone()
-        rotated[0] = states[0].roll(1, dims=0)
-        return dict(output, encoder_out=[rotated])
+        return output.roll(1, dims=0) if output.size(0) >= 2 else output
 
-    return model.encoder.sentence_encoder.register_forward_hook(hook)
+    return model.bottleneck.register_forward_hook(hook)
 
 
 def unmasked_tokens(sample, pad: int) -> torch.Tensor:
@@ -60,9 +60,11 @@ def unmasked_tokens(sample, pad: int) -> torch.Tensor:
     return torch.where(target.ne(pad), target, src)
 
 
-def cls_vectors(model, tokens: torch.Tensor) -> torch.Tensor:
+def sentence_vectors(model, tokens: torch.Tensor) -> torch.Tensor:
+    """fp32 ``(batch, dim)``: the model's representation of ``tokens`` (``model.sentence_embedding``:
+    pooled, L2-normalised when its similarity is cosine, so that the inner product scores it)."""
     features, _ = model.encode(tokens)
-    return model.cls_vector(features).float()
+    return model.sentence_embedding(features, tokens).float()
 
 
 def pairwise_cosine_sum(cls: torch.Tensor) -> Tuple[float, int]:
@@ -77,13 +79,13 @@ def pairwise_cosine_sum(cls: torch.Tensor) -> Tuple[float, int]:
 
 
 def bottleneck_logs(criterion, model, sample, own_losses: Dict[str, float]) -> Dict[str, float]:
-    """Per bottleneck term: its loss sum with [CLS] rotated across the batch minus with its own."""
+    """Per bottleneck term: its loss sum with the bottleneck vectors rotated across the batch minus with its own."""
     terms = [t for t in getattr(criterion, "bottleneck_terms", ()) if t in own_losses]
     bsz = sample["net_input"]["src_tokens"].size(0)
     if not terms or bsz < 2:
         return {}
     counts = criterion.task.term_counts(sample)
-    handle = rotate_cls(model)
+    handle = rotate_bottleneck(model)
     try:
         shuffled = criterion.compute_terms(model, sample)
     finally:
@@ -107,7 +109,7 @@ def validation_logs(criterion, model, sample, logging_output: dict) -> Dict[str,
             if k.endswith("_loss_sum") and torch.is_tensor(v)
         }
         logs = bottleneck_logs(criterion, model, sample, own)
-        cos_sum, pairs = pairwise_cosine_sum(cls_vectors(model, unmasked_tokens(sample, pad)))
+        cos_sum, pairs = pairwise_cosine_sum(sentence_vectors(model, unmasked_tokens(sample, pad)))
         logs[PREFIX + "cos_sum"] = cos_sum
         logs[PREFIX + "cos_pairs"] = pairs
     return logs
@@ -124,8 +126,8 @@ def halves(block: torch.Tensor, bos: int, eos: int, pad: int) -> Tuple[torch.Ten
     return torch.cat([head, body[:h]]), torch.cat([head, body[h:]])
 
 
-def encode_cls(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int = 32) -> torch.Tensor:
-    """fp32 [CLS] vectors of token sequences of any lengths (right-padded per batch)."""
+def encode_sentences(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int = 32) -> torch.Tensor:
+    """fp32 representations (``sentence_vectors``) of token sequences of any lengths (right-padded per batch)."""
     device = next(model.parameters()).device
     out = []
     for i in range(0, len(seqs), batch_size):
@@ -134,7 +136,7 @@ def encode_cls(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int = 
         tokens = torch.full((len(chunk), width), pad, dtype=torch.long)
         for j, s in enumerate(chunk):
             tokens[j, : s.numel()] = s
-        out.append(cls_vectors(model, tokens.to(device)))
+        out.append(sentence_vectors(model, tokens.to(device)))
     return torch.cat(out)
 
 
@@ -163,8 +165,8 @@ def retrieval_probe(
     if len(pairs) < 2:
         return None
     with torch.no_grad():
-        queries = encode_cls(model, [q for q, _ in pairs], pad, batch_size)
-        passages = encode_cls(model, [p for _, p in pairs], pad, batch_size)
+        queries = encode_sentences(model, [q for q, _ in pairs], pad, batch_size)
+        passages = encode_sentences(model, [p for _, p in pairs], pad, batch_size)
         scores = queries @ passages.t()
         positive = scores.diagonal().unsqueeze(1)
         # ties count against the positive: a collapsed encoder (all scores equal) ranks last, not first

@@ -52,7 +52,7 @@ class ObjectiveDescription:
     # the tests' further fairseq-train options (its own, not `args`: the tests pick their sizes)
     test_args: Tuple[str, ...] = ()
     terms: Tuple[str, ...] = ("mlm",)  # every term the criterion logs
-    bottleneck_terms: Tuple[str, ...] = ()  # terms that see the encoder only through [CLS]
+    bottleneck_terms: Tuple[str, ...] = ()  # terms that see the encoder only through the bottleneck vector
     heads: Tuple[str, ...] = ()  # state-dict prefixes the model has only for pre-training
     # terms whose per-unit loss depends on the other units of the batch (in-batch negatives)
     in_batch_terms: Tuple[str, ...] = ()

@@ -1,12 +1,13 @@
 """Zero-shot retrieval on a labelled dev set, scored with the model being pre-trained.
 
 ``--retrieval-dev DIR`` (a BEIR or MS MARCO folder, ``retrieval_data.py``): at every
-validation the current model's [CLS] vectors of the dev queries and documents, exact
-search by inner product, nDCG@10, MRR@10 and recall@100 with ``ir_measures``.  This is
-what ``examples/retrieval/evaluate.py`` computes for the exported model, with its defaults
-(a sentence-transformers model with [CLS] pooling, unnormalised inner product, the exact
-``flat`` index, texts cut at the model's length), so a checkpoint kept for its
-``dev_ndcg10`` is the one whose export retrieves best -- on the subset below.
+validation the current model's representations of the dev queries and documents
+(``model.sentence_embedding``: pooled as ``--bottleneck-pooling``, [CLS] by default, unit
+vectors with ``--retrieval-similarity cosine``), exact search by inner product, nDCG@10,
+MRR@10 and recall@100 with ``ir_measures``.  This is what ``examples/retrieval/evaluate.py``
+computes for the exported model (a sentence-transformers model with that pooling and
+similarity, the exact ``flat`` index, texts cut at the model's length), so a checkpoint kept
+for its ``dev_ndcg10`` is the one whose export retrieves best -- on the subset below.
 
 The folder is read and tokenised once (``load_dev_set``, at task setup) with the data
 folder's own tokenizer (``vocabulary/text_ids.py``), cut to ``--tokens-per-sample``.  To
@@ -97,16 +98,17 @@ def load_dev_set(data: RetrievalData, text_ids: TextIds, max_queries: int, max_d
 
 
 def encode(model, seqs: Sequence[torch.Tensor], pad: int, batch_size: int = 32) -> torch.Tensor:
-    """fp32 [CLS] vectors of ``seqs`` in their order, batched longest first (little padding)."""
+    """fp32 representations of ``seqs`` in their order, batched longest first (little padding)."""
     order = sorted(range(len(seqs)), key=lambda i: -seqs[i].numel())
-    vectors = diagnostics.encode_cls(model, [seqs[i] for i in order], pad, batch_size)
+    vectors = diagnostics.encode_sentences(model, [seqs[i] for i in order], pad, batch_size)
     out = torch.empty_like(vectors)
     out[torch.tensor(order, device=vectors.device)] = vectors
     return out
 
 
 def run(model, dev: DevSet, pad: int) -> Dict[str, Dict[str, float]]:
-    """{qid: {doc id: score}}: the top ``TOP_K`` documents of every query by [CLS] inner product."""
+    """{qid: {doc id: score}}: the top ``TOP_K`` documents of every query by inner product of the
+    representations (the cosine with ``--retrieval-similarity cosine``)."""
     with torch.no_grad():
         scores = encode(model, dev.queries, pad) @ encode(model, dev.docs, pad).t()
         top, idx = scores.topk(min(TOP_K, len(dev.doc_ids)), dim=1)

@@ -1,8 +1,10 @@
 """What every pre-training objective of the plugin guarantees, checked the same way
 for each (``tests/objectives.py`` lists them):
 
-1. the decoder side sees the encoder only through [CLS]: changing any other
-   encoder output leaves its loss terms bit-identical;
+1. the decoder side sees the encoder only through the pooled bottleneck vector, with
+   ``--bottleneck-pooling cls`` (changing any encoder output but [CLS] leaves its loss
+   terms bit-identical) and ``mean`` (a change whose mean over the valid positions is zero
+   leaves them unchanged), and what the pooling sees changes them;
 2. split invariance through the real CLI: 1 x 8, 1 x (4+4) with
    ``--update-freq 2`` and 2 gloo workers x 4 make the same update (an objective
    with in-batch terms: the worker split does; an ``--update-freq`` split gives
@@ -176,18 +178,55 @@ def build_with_cfg(obj, data, *extra, fixtures=None):
 
 
 # ---------------------------------------------------------------------------
-# 1. the [CLS] bottleneck
+# 1. the bottleneck: the decoder side reads the encoder through the pooling only
 # ---------------------------------------------------------------------------
 
 
-def _perturb_encoder_output(model, positions):
-    """Add noise to the encoder's last-layer output at ``positions`` (a slice)."""
+# the contract's poolings: for each, (a perturbation of the encoder's output the pooling cannot
+# see, one it sees); each takes (T x B x C shape, valid: T x B x 1, 1 at a non-pad position) and
+# gives the noise added to the encoder's last-layer output
+def _noise(shape):
+    """Noise of standard deviation 10: large enough to move an untrained decoder's loss (SimLM's
+    moves least) well above the rounding of its sum."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(7)) * 10
+
+
+def _all_but_cls(shape, valid):
+    noise = _noise(shape)
+    noise[0] = 0
+    return noise
+
+
+def _cls_only(shape, valid):
+    noise = torch.zeros(shape)
+    noise[0] = _noise(shape[1:])
+    return noise
+
+
+def _zero_mean(shape, valid):
+    """Noise everywhere (padding included) whose mean over each sequence's valid positions is 0."""
+    noise = _noise(shape)
+    mean = (noise * valid).sum(0, keepdim=True) / valid.sum(0, keepdim=True)
+    return noise - mean * valid
+
+
+def _shifted_mean(shape, valid):
+    """The same vector added at every valid position of a sequence: its mean moves by that vector."""
+    return _noise(shape[1:]).unsqueeze(0) * valid
+
+
+POOLINGS = {"cls": (_all_but_cls, _cls_only), "mean": (_zero_mean, _shifted_mean)}
+
+
+def _perturb_encoder_output(model, noise):
+    """Add ``noise(shape, valid)`` to the encoder's last-layer output (valid: the non-pad positions
+    of the encoder's input)."""
+    pad = model.encoder.sentence_encoder.padding_idx
 
     def hook(module, inputs, output):
-        states = output["encoder_out"][0].clone()  # T x B x C
-        noise = torch.randn(states[positions].shape, generator=torch.Generator().manual_seed(7))
-        states[positions] = states[positions] + noise
-        return dict(output, encoder_out=[states])
+        states = output["encoder_out"][0]  # T x B x C
+        valid = inputs[0].ne(pad).t().unsqueeze(-1).to(states.dtype)
+        return dict(output, encoder_out=[states + noise(states.shape, valid)])
 
     return model.encoder.sentence_encoder.register_forward_hook(hook)
 
@@ -198,15 +237,46 @@ def _terms(criterion, model, sample):
         return {k: v.loss for k, v in criterion.compute_terms(model, sample).items()}
 
 
+def padded_sample(task, split="valid", n=4):
+    """A batch of ``n`` blocks of different lengths (padding in every row but the longest); blocks
+    longer than the model's positions (a long sentence is a block of its own) left out, as fairseq's
+    batches leave them."""
+    dataset = task.dataset(split)
+    by_size = {}
+    for i in range(len(dataset)):
+        if int(dataset.size(i)) <= task.cfg.tokens_per_sample:
+            by_size.setdefault(int(dataset.size(i)), i)
+    sizes = sorted(by_size)
+    assert len(sizes) >= n, sizes
+    return dataset.collater([dataset[by_size[size]] for size in sizes[:: max(1, len(sizes) // n)][:n]])
+
+
+@pytest.mark.parametrize("pooling", list(POOLINGS))
 @pytest.mark.parametrize("obj", OBJECTIVES, ids=IDS)
-def test_decoder_side_sees_the_encoder_only_through_cls(obj, contract_data, request):
-    check_bottleneck(obj, contract_data, fixtures=needs(obj, request))
+def test_decoder_side_sees_the_encoder_only_through_the_pooling(obj, pooling, contract_data, request):
+    check_bottleneck(obj, contract_data, pooling, fixtures=needs(obj, request))
 
 
-def check_bottleneck(obj, contract_data, fixtures=None):
-    task, model, criterion = build(obj, contract_data, fixtures=fixtures)
+def check_bottleneck(obj, contract_data, pooling="cls", fixtures=None, extra=()):
+    """With ``--bottleneck-pooling pooling`` (and the options ``extra``): a perturbation of the encoder's
+    output that the pooling cannot see leaves every bottleneck term unchanged (bit-identical for cls;
+    for mean up to the rounding of the changed sum), one that it sees changes each of them."""
+    unseen, seen = POOLINGS[pooling]
+    # complete sentences: blocks of many lengths, so the batch has padding
+    task, model, criterion = build(
+        obj,
+        contract_data,
+        "--bottleneck-pooling",
+        pooling,
+        "--sample-break-mode",
+        "complete",
+        *extra,
+        fixtures=fixtures,
+    )
+    assert model.bottleneck.mode == pooling
     task.load_dataset("valid")
-    sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False))
+    sample = padded_sample(task)
+    assert sample["net_input"]["src_tokens"].eq(task.source_dictionary.pad()).sum(1).gt(0).sum() == 3
     model.eval()
     base = _terms(criterion, model, sample)
     assert set(base) == set(obj.terms)
@@ -217,19 +287,22 @@ def check_bottleneck(obj, contract_data, fixtures=None):
         == obj.heads
     )
 
-    handle = _perturb_encoder_output(model, slice(1, None))
+    handle = _perturb_encoder_output(model, unseen)
     others = _terms(criterion, model, sample)
     handle.remove()
     # the perturbation reached the encoder's output (its own terms: MLM, SimLM's enc ...)
     assert any(not torch.equal(others[t], base[t]) for t in base if t not in obj.bottleneck_terms)
-    for term in obj.bottleneck_terms:
-        assert torch.equal(others[term], base[term]), term
 
-    handle = _perturb_encoder_output(model, slice(0, 1))
-    cls_changed = _terms(criterion, model, sample)
+    handle = _perturb_encoder_output(model, seen)
+    changed = _terms(criterion, model, sample)
     handle.remove()
-    for term in obj.bottleneck_terms:  # ... and [CLS] does reach the decoder side
-        assert not torch.equal(cls_changed[term], base[term]), term
+    for term in obj.bottleneck_terms:
+        moved = float(changed[term] - base[term])
+        assert moved != 0, term  # what the pooling sees reaches the decoder side
+        if pooling == "cls":
+            assert torch.equal(others[term], base[term]), term
+        else:  # the mean of the perturbed output is the mean up to float rounding (~1e-7 of it)
+            assert abs(float(others[term] - base[term])) <= 1e-3 * abs(moved), term
 
 
 # ---------------------------------------------------------------------------

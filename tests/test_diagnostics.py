@@ -88,7 +88,7 @@ def test_probe_halves_and_ranks():
             return onehot.sum(1, keepdim=True), {}
 
         @staticmethod
-        def cls_vector(features):
+        def sentence_embedding(features, tokens):
             return features[:, 0]
 
     # block i: tokens (10+i, 20+i | 20+i, 30) -> query {10+i, 20+i}, passage {20+i, 30}: rank 1 each
@@ -143,11 +143,14 @@ def test_diagnostics_do_not_change_the_training_trajectory(data, tmp_path):
 SEED = 0
 
 
-def test_trained_decoder_takes_bits_from_cls(data):
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_trained_decoder_takes_bits_from_cls(data, pooling):
     """Trained on one batch until the decoder can tell its four sequences apart: it can only
-    do that through [CLS], so rotating [CLS] must cost bits (the diagnostic is > 0)."""
+    do that through the bottleneck vector ([CLS], or the mean of the encoder's output), so
+    rotating that vector must cost bits (the diagnostic is > 0).  Rotating position 0 of the
+    encoder's output instead would cost next to nothing with mean pooling."""
     torch.manual_seed(SEED)  # the initial weights, whatever ran before in this process
-    task, model, criterion = build(data, "--dropout", "0", "--attention-dropout", "0")
+    task, model, criterion = build(data, "--dropout", "0", "--attention-dropout", "0", "--bottleneck-pooling", pooling)
     task.load_dataset("valid")
     itr = task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False)
     sample = next(itr)
@@ -165,3 +168,91 @@ def test_trained_decoder_takes_bits_from_cls(data):
     assert abs(before["diag_dec_cls_sum"]) < 0.05
     assert after["diag_dec_cls_sum"] > 0.2, after  # 0.1 to 2 nats over initialisations; > 0.5 for seed 0
     assert after["diag_cos_sum"] / after["diag_cos_pairs"] < 1
+
+
+def _pooled(model, tokens, pooling, cosine):
+    from seed_fairseq.models.bottleneck import pool
+
+    features, _ = model.encode(tokens)
+    vectors = pool(features, tokens.eq(1), pooling).float()
+    return torch.nn.functional.normalize(vectors, dim=-1) if cosine else vectors
+
+
+def _probe_rr(model, pairs, pooling, cosine):
+    from torch.nn.utils.rnn import pad_sequence
+
+    q = _pooled(model, pad_sequence([a for a, _ in pairs], batch_first=True, padding_value=1), pooling, cosine)
+    p = _pooled(model, pad_sequence([b for _, b in pairs], batch_first=True, padding_value=1), pooling, cosine)
+    scores = q @ p.t()
+    rank = (scores >= scores.diagonal().unsqueeze(1)).sum(1)
+    return float(torch.where(rank <= 10, 1.0 / rank.float(), torch.zeros(len(pairs))).sum())
+
+
+def test_anisotropy_and_probe_read_the_pooled_vector(data):
+    """With --bottleneck-pooling mean --retrieval-similarity cosine, cls_cosine is over the mean-pooled
+    vectors of the batch's blocks and the probe ranks by their cosine (not by [CLS] dot products)."""
+    from seed_fairseq import diagnostics
+
+    task, model, criterion = build(
+        data, "--bottleneck-pooling", "mean", "--retrieval-similarity", "cosine", "--retrieval-probe-size", "16"
+    )
+    logs = valid_logs(task, model, criterion, n_batches=1)[0]
+    itr = task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False)
+    with torch.no_grad():
+        blocks = diagnostics.unmasked_tokens(next(itr), 1)
+        cos_sum, _ = diagnostics.pairwise_cosine_sum(_pooled(model, blocks, "mean", False))
+        assert logs["diag_cos_sum"] == pytest.approx(cos_sum, abs=1e-5)
+        assert abs(diagnostics.pairwise_cosine_sum(_pooled(model, blocks, "cls", False))[0] - cos_sum) > 1e-3
+
+        pairs = diagnostics.probe_pairs(task.unmasked_blocks["valid"], 16, 0, 2, 1)
+        assert logs["diag_probe_rr_sum"] == pytest.approx(_probe_rr(model, pairs, "mean", True), abs=1e-6)
+        assert _probe_rr(model, pairs, "cls", False) != pytest.approx(logs["diag_probe_rr_sum"], abs=1e-6)
+
+
+def test_dev_scores_are_the_cosine_of_the_pooled_vectors(data):
+    """--retrieval-dev ranks by the representation: mean-pooled, compared by cosine."""
+    from seed_fairseq import retrieval_dev
+
+    task, model, _ = build(data, "--bottleneck-pooling", "mean", "--retrieval-similarity", "cosine")
+    model.eval()
+    task.load_dataset("valid")
+    blocks = [task.unmasked_blocks["valid"][i][:n] for i, n in enumerate((9, 5, 12, 7))]
+    dev = retrieval_dev.DevSet(
+        qids=["q0", "q1"],
+        queries=blocks[:2],
+        doc_ids=["d0", "d1", "d2", "d3"],
+        docs=blocks,
+        qrels={"q0": {"d0": 1}, "q1": {"d1": 1}},
+        judged_docs=2,
+        identity="",
+    )
+    run = retrieval_dev.run(model, dev, pad=1)
+    from torch.nn.utils.rnn import pad_sequence
+
+    with torch.no_grad():
+        q = _pooled(model, pad_sequence(blocks[:2], batch_first=True, padding_value=1), "mean", True)
+        d = _pooled(model, pad_sequence(blocks, batch_first=True, padding_value=1), "mean", True)
+    expected = q @ d.t()
+    for i, qid in enumerate(dev.qids):
+        assert run[qid]["d%d" % i] == pytest.approx(1.0, abs=1e-5)  # a query is its own document here
+        for j, doc in enumerate(dev.doc_ids):
+            assert run[qid][doc] == pytest.approx(float(expected[i, j]), abs=1e-5)
+
+
+def test_a_start_score_of_another_pooling_is_not_taken(data):
+    """A resumed run compares with the start score recorded in its checkpoint only when it was
+    computed on the same representation (a record from before the options existed: [CLS], dot)."""
+    cls_task, _, _ = build(data, "--retrieval-probe-size", "8")
+    cls_task.retrieval_start = {"probe_mrr10": 0.5}
+    saved = cls_task.get_checkpoint_dict()[type(cls_task).__name__]
+    assert saved["retrieval_start"]["representation"] == ["cls", "dot"]
+    old = {"retrieval_start": {k: v for k, v in saved["retrieval_start"].items() if k != "representation"}}
+    for options, expected in (
+        ((), {"probe_mrr10": 0.5}),
+        (("--bottleneck-pooling", "mean"), {}),
+        (("--retrieval-similarity", "cosine"), {}),
+    ):
+        task, _, _ = build(data, "--retrieval-probe-size", "8", *options)
+        for record in (saved, old):
+            task.set_checkpoint_dict(record)
+            assert task._recorded_start == expected, (options, record)

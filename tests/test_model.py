@@ -4,9 +4,11 @@ receptive fields, half precision, and clear errors."""
 import pytest
 import torch
 from conftest import build_task_model
+from helpers import REPO
 from objectives import tiny_encoder
 
-from seed_fairseq.models.seed_encoder import SeedEncoderModel, cls_memory
+from seed_fairseq.models.bottleneck import vector_memory
+from seed_fairseq.models.seed_encoder import SeedEncoderModel
 from seed_fairseq.modules.windowed_decoder import (
     FULL,
     parse_window,
@@ -103,7 +105,7 @@ def test_decoder_uses_the_window_mask_in_every_layer(odd_dict_dir):
         )
     prev = torch.randint(4, 98, (2, 7))
     model.eval()
-    model.weak_decoder(prev, encoder_out=cls_memory(torch.randn(2, 9, 32)))
+    model.weak_decoder(prev, encoder_out=vector_memory(torch.randn(2, 32)))
     assert len(seen) == len(model.weak_decoder.layers) == 2
     for m in seen:
         assert torch.equal(m == 0, window_allowed(7, 3))
@@ -150,7 +152,7 @@ def test_decoder_receptive_field(odd_dict_dir, window, layers):
     n = 14
     prev = torch.randint(4, 98, (1, n))
     prev[0, 0] = 0
-    memory = cls_memory(torch.randn(1, 5, 32, dtype=torch.float64))
+    memory = vector_memory(torch.randn(1, 32, dtype=torch.float64))
 
     def logits(tokens):
         with torch.no_grad():
@@ -184,7 +186,7 @@ def test_banded_window_attention_equals_fairseqs_masked_attention(odd_dict_dir, 
     prev[:, 0] = 0
     prev[1, 9:] = dec.padding_idx
     prev[2, 2:] = dec.padding_idx  # 2 real tokens: shorter than every window but 1
-    memory = cls_memory(torch.randn(3, 5, 32, dtype=dtype))
+    memory = vector_memory(torch.randn(3, 32, dtype=dtype))
 
     def run(banded):
         dec.banded = banded
@@ -229,7 +231,7 @@ def test_full_window_is_plain_causal_attention(odd_dict_dir):
     model.eval().double()
     torch.manual_seed(2)
     prev = torch.randint(4, 98, (1, 10))
-    memory = cls_memory(torch.randn(1, 3, 32, dtype=torch.float64))
+    memory = vector_memory(torch.randn(1, 32, dtype=torch.float64))
     with torch.no_grad():
         base = model.weak_decoder(prev, encoder_out=memory)[0][0]
         changed = prev.clone()
@@ -326,3 +328,102 @@ def test_dictionary_size_mismatch_is_a_clear_error(odd_dict_dir, tmp_path):
     with pytest.raises(ValueError, match=r"dictionary size mismatch: the checkpoint's token embedding has 99 rows"):
         other.load_state_dict(state)
     assert N == 90
+
+
+# ---------------------------------------------------------------------------
+# the pooling every bottleneck reads (models/bottleneck.py)
+# ---------------------------------------------------------------------------
+
+# ours -> sentence-transformers' Pooling mode
+ST_MODES = {
+    "cls": "cls",
+    "mean": "mean",
+    "max": "max",
+    "mean_sqrt_len": "mean_sqrt_len_tokens",
+    "lasttoken": "lasttoken",
+}
+MASKS = [  # 1 = a token; right padding (fairseq's), left padding, none, a single token
+    "1111111",
+    "1111100",
+    "1100000",
+    "1000000",
+    "0011111",
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", list(ST_MODES))
+def test_pooling_is_sentence_transformers_pooling(mode, dtype):
+    """Every mode equals sentence-transformers' own Pooling (and Normalize) on the same token
+    embeddings and attention mask, bit for bit."""
+    from sentence_transformers.models import Normalize, Pooling
+
+    from seed_fairseq.models.bottleneck import BottleneckPooling, pool
+
+    mask = torch.tensor([[int(c) for c in row] for row in MASKS])
+    features = torch.randn(len(MASKS), 7, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+    st = Pooling(32, pooling_mode=ST_MODES[mode])({"token_embeddings": features.clone(), "attention_mask": mask})
+    ours = pool(features, mask.eq(0), mode)
+    assert ours.dtype == dtype and torch.equal(ours, st["sentence_embedding"])
+    unit = Normalize()(st)["sentence_embedding"]
+    assert torch.equal(BottleneckPooling(mode, normalize=True)(features, mask.eq(0)), unit)
+    if mode == "mean":  # literally: the mean over the non-pad positions, specials included
+        assert torch.allclose(
+            ours[1].float(), features[1, :5].float().mean(0), atol=1e-2 if dtype != torch.float32 else 1e-6
+        )
+
+
+def test_pooling_options_reach_the_bottleneck(odd_dict_dir):
+    """--bottleneck-pooling and --retrieval-similarity make the model's bottleneck vector and its
+    representation; without them: [CLS], dot product (the papers', an old checkpoint's)."""
+    _, model, _, _ = build_task_model(odd_dict_dir)
+    assert (model.bottleneck.mode, model.bottleneck.normalize, model.similarity) == ("cls", False, "dot")
+    tokens = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 2, 1, 1]])
+    features = torch.randn(2, 5, 32)
+    assert torch.equal(model.bottleneck_vector(features, tokens), features[:, 0])
+
+    _, model, _, _ = build_task_model(odd_dict_dir, "--bottleneck-pooling", "mean", "--retrieval-similarity", "cosine")
+    mean = torch.stack([features[0].mean(0), features[1, :3].mean(0)])
+    unit = torch.nn.functional.normalize(mean, dim=-1)
+    torch.testing.assert_close(model.bottleneck_vector(features, tokens), unit)
+    torch.testing.assert_close(model.sentence_embedding(features, tokens), unit)
+
+    _, model, _, _ = build_task_model(
+        odd_dict_dir, "--bottleneck-pooling", "max", "--retrieval-similarity", "cosine", "--bottleneck-unnormalized"
+    )
+    top = torch.stack([features[0].amax(0), features[1, :3].amax(0)])
+    assert torch.equal(model.bottleneck_vector(features, tokens), top)  # the decoder reads it as it is
+    torch.testing.assert_close(model.sentence_embedding(features, tokens), torch.nn.functional.normalize(top, dim=-1))
+
+
+def test_unnormalized_without_cosine_is_refused(odd_dict_dir):
+    from seed_fairseq.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="--bottleneck-unnormalized has no effect without"):
+        build_task_model(odd_dict_dir, "--bottleneck-unnormalized")
+
+
+def test_pooling_travels_in_the_checkpoint_and_an_old_one_loads_as_cls(tmp_path):
+    """The options are the task's: a checkpoint's task config carries them, and one written before
+    they existed (seed_fairseq 0.1) loads with [CLS] and the dot product."""
+    from fairseq import checkpoint_utils
+
+    import seed_fairseq  # noqa: F401
+    from seed_fairseq.checkpoint import load_torch_file, torch_save
+    from seed_fairseq.models.bottleneck import pooling_options
+
+    fixture = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
+    old = fixture / "checkpoint_1_3.pt"
+    state = load_torch_file(old)
+    assert "bottleneck_pooling" not in state["cfg"]["task"]
+    assert pooling_options(state["cfg"]["task"]) == ("cls", "dot", False)  # what a tool reading the file sees
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(old)], arg_overrides={"data": str(fixture / "data-bin")})
+    assert (model.pooling, model.bottleneck.normalize, model.similarity) == ("cls", False, "dot")
+
+    state["cfg"]["task"].update(bottleneck_pooling="mean", retrieval_similarity="cosine")
+    assert pooling_options(state["cfg"]["task"]) == ("mean", "cosine", False)
+    torch_save(state, tmp_path / "mean.pt")
+    (model,), _ = checkpoint_utils.load_model_ensemble(
+        [str(tmp_path / "mean.pt")], arg_overrides={"data": str(fixture / "data-bin")}
+    )
+    assert (model.pooling, model.bottleneck.normalize, model.similarity) == ("mean", True, "cosine")

@@ -135,7 +135,7 @@ class BagOfTokens(torch.nn.Module):
         return counts.unsqueeze(1), {}
 
     @staticmethod
-    def cls_vector(features):
+    def sentence_embedding(features, tokens):
         return features[:, 0, :]
 
 

@@ -7,6 +7,7 @@ import pytest
 import toy_objective
 from objectives import Objective
 from test_contract import (
+    POOLINGS,
     check_bottleneck,
     check_drop_heads,
     check_export,
@@ -31,8 +32,9 @@ def test_the_registry_lists_it():
     assert toy.name == TOY.name == "toy" and toy.criterion == "toy_pretrain"
 
 
-def test_decoder_side_sees_the_encoder_only_through_cls(contract_data):
-    check_bottleneck(TOY, contract_data)
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_decoder_side_sees_the_encoder_only_through_the_pooling(pooling, contract_data):
+    check_bottleneck(TOY, contract_data, pooling)
 
 
 def test_update_is_the_count_weighted_mean_of_the_micro_batches(contract_data):

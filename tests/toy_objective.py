@@ -4,7 +4,8 @@ own files plus one description (``test_toy_objective.py`` runs the contract on i
 * task ``toy_pretrain``: the shared pipeline and nothing more (no input of its own);
   its one extra term ``bow`` averages over texts;
 * model ``toy_encoder`` / arch ``toy_encoder_tiny``: the plugin's encoder plus one
-  pre-training-only head ``toy_head.`` (a linear map from [CLS] to the vocabulary);
+  pre-training-only head ``toy_head.`` (a linear map from the bottleneck vector, [CLS] by
+  default, to the vocabulary);
 * criterion ``toy_pretrain``: MLM, plus the bag of words of each text (its ordinary
   tokens, repeats included) predicted from the [CLS] vector alone.
 
@@ -103,10 +104,10 @@ class ToyCriterion(MultiTermCriterion):
         logits = F.linear(model.mlm_hidden(features, masked), weight, bias).float()
         mlm = F.cross_entropy(logits, target[masked], reduction="sum")
         mlm_correct = logits.argmax(-1).eq(target[masked]).sum()
-        # the bag of words of the unmasked text, from [CLS] only
+        # the bag of words of the unmasked text, from the bottleneck vector only
         tokens = torch.where(masked, target, src)
         bag = ordinary(tokens, self.task)
-        log_probs = F.log_softmax(model.toy_head(model.cls_vector(features)).float(), dim=-1)
+        log_probs = F.log_softmax(model.toy_head(model.bottleneck_vector(features, src)).float(), dim=-1)
         picked = log_probs.gather(1, tokens) * bag
         bow = -(picked.sum(1) / bag.sum(1).clamp(min=1)).sum()
         return {"mlm": Term(mlm, mlm_correct), "bow": Term(bow)}

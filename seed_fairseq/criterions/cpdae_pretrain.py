@@ -16,7 +16,9 @@ Three named terms of :class:`~seed_fairseq.criterions.multi_term.MultiTermCriter
          other view of its text the positive; logits ``-JS(z_i, z_k)`` between
          word distributions (the sigmoids normalised to sum 1, fp32, clamped
          logs: ``modules/js_divergence.py``), or with ``--contrast cls``
-         (CPDAE') the dot product of the [CLS] vectors; a mean over the global
+         (CPDAE') the dot product of the bottleneck vectors (the [CLS] vectors by
+         default; pooled as ``--bottleneck-pooling``, unit vectors -- so the cosine --
+         with ``--retrieval-similarity cosine``); a mean over the global
          views.  What this makes split-invariant: the worker split (negatives are
          gathered); NOT ``--update-freq``, whose micro-batches see only their
          own negatives -- the update is then exactly the count-weighted mean of
@@ -28,7 +30,7 @@ Three named terms of :class:`~seed_fairseq.criterions.multi_term.MultiTermCriter
          every batch could be one text (``--batch-size 1``, ``--max-tokens``
          below two blocks) are refused on a single worker.
 
-``bow`` and ``cl`` see the encoder only through [CLS].
+``bow`` and ``cl`` see the encoder only through the bottleneck vector ([CLS] by default).
 """
 
 import logging
@@ -69,8 +71,9 @@ class CpdaePretrainCriterionConfig(VocabLossConfig):
         default="words",
         metadata={
             "help": "what the contrastive loss compares: 'words' = the decoder's word distributions "
-            "with -JS divergence (CPDAE, the paper's method), 'cls' = the encoder's [CLS] vectors "
-            "with the dot product (the paper's variant CPDAE')"
+            "with -JS divergence (CPDAE, the paper's method), 'cls' = the encoder's bottleneck vectors "
+            "([CLS] by default, --bottleneck-pooling) with the dot product (the paper's variant CPDAE'; "
+            "the cosine with --retrieval-similarity cosine, which normalises them)"
         },
     )
     bow_reduction: REDUCTION_CHOICES = field(
@@ -182,7 +185,7 @@ class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
         if self.contrast == "words":
             views, similarity = word_distributions(logits), js_similarity
         else:
-            views, similarity = extra["cls"].float(), dense_similarity
+            views, similarity = extra["bottleneck"].float(), dense_similarity
         group = data_parallel_group() if model.training else None
         if not has_negatives(sample, group is not None):
             self._warn_single_text()

@@ -81,8 +81,8 @@ class MultiTermCriterion(FairseqCriterion):
     ``compute_terms(model, sample) -> Dict[str, Term]``.  A term the task counts
     but the model does not produce (the decoder of an MLM-only baseline) is
     logged with 0 units and weight 0.  ``bottleneck_terms`` names the terms
-    that may depend on the encoder only through its [CLS] vector (checked by
-    the contract tests).
+    that may depend on the encoder only through its bottleneck vector (the
+    [CLS] vector, or the ``--bottleneck-pooling`` one; checked by the contract tests).
     """
 
     bottleneck_terms = ()

@@ -8,7 +8,7 @@ each divided by the global count of its units in the update:
 * ``mlm``: cross-entropy at the encoder's masked positions (units: masked tokens);
 * ``dec``: the enhanced decoder's cross-entropy at every ordinary position of
   the unmasked block (units: those positions) -- sees the encoder only through
-  [CLS] (``bottleneck_terms``);
+  the bottleneck vector, [CLS] by default (``bottleneck_terms``);
 * ``bow`` (DupMAE only): ``mu = max_t`` of the MLM head's vocabulary logits over
   the ordinary, unmasked positions of the encoder's input; cross-entropy of
   ``log_softmax(mu)`` at every distinct ordinary token of the text (units: see

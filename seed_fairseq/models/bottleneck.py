@@ -3,8 +3,17 @@
 The encoder is fairseq's own ``RobertaEncoder`` (its ``encoder.*`` keys are
 RoBERTa's, so the result is an ordinary RoBERTa after pre-training); an
 objective adds modules that exist only for pre-training (a decoder, a
-bag-of-words head ...) and sees the encoder through :func:`cls_memory` /
-:meth:`BottleneckEncoderModel.cls_vector`.
+bag-of-words head ...) and sees the encoder through ONE vector per text,
+:meth:`BottleneckEncoderModel.bottleneck_vector`: the encoder's last-layer
+features pooled as the task's ``--bottleneck-pooling`` says (``cls``, the papers'
+[CLS] vector, by default; ``mean``, ``max``, ``mean_sqrt_len``, ``lasttoken``:
+sentence-transformers' ``Pooling`` modes, :func:`pool`), L2-normalised when the
+model's vectors are compared by cosine (``--retrieval-similarity cosine``, unless
+``--bottleneck-unnormalized``).  The pooling is done here once, by the stateless
+``bottleneck`` module (its output is what the diagnostics rotate across a batch);
+no objective pools on its own.  :meth:`BottleneckEncoderModel.sentence_embedding`
+is the same pooling as the model's representation is scored (the validation's
+retrieval, the diagnostics).
 
 Each model class DECLARES what is pre-training-only:
 
@@ -38,9 +47,11 @@ old RoBERTa naming) and would silently corrupt the checkpoint.
 
 import argparse
 import logging
+from collections.abc import Mapping
 from typing import Dict, FrozenSet, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from fairseq.models.roberta import RobertaModel
 from fairseq.utils import safe_getattr
 
@@ -50,16 +61,85 @@ from ..errors import ConfigurationError
 logger = logging.getLogger(__name__)
 
 
-def cls_memory(features: torch.Tensor) -> dict:
-    """The decoder's whole view of the encoder: the last-layer position-0 vector.
+# sentence-transformers' Pooling modes (its spelling of mean_sqrt_len: "mean_sqrt_len_tokens")
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "lasttoken")
+SIMILARITIES = ("dot", "cosine")
 
-    ``features`` is ``(batch, time, dim)``; the result is fairseq's encoder_out
-    dict with a single memory entry ``(1, batch, dim)`` and no padding mask.
+
+def pool(features: torch.Tensor, padding_mask: torch.Tensor, mode: str = "cls") -> torch.Tensor:
+    """``(batch, dim)``: ``features`` ``(batch, time, dim)`` pooled over the positions that are
+    not padding (``padding_mask`` ``(batch, time)``, True at a pad), exactly as
+    sentence-transformers' ``Pooling`` pools a model's token embeddings with the attention
+    mask ``~padding_mask`` (every non-pad position, the special tokens included):
+
+    * ``cls`` -- the first non-pad position (position 0, the [CLS] token, in fairseq's
+      right-padded batches);
+    * ``mean`` -- the mean over the non-pad positions (summed in fp32 for fp16/bf16
+      features, returned in their dtype); ``mean_sqrt_len`` -- their sum / sqrt(count);
+    * ``max`` -- the per-dimension maximum over the non-pad positions;
+    * ``lasttoken`` -- the last non-pad position.
     """
-    return {
-        "encoder_out": [features[:, :1, :].transpose(0, 1)],
-        "encoder_padding_mask": [],
-    }
+    valid = ~padding_mask
+    if mode == "cls":
+        first = valid.to(torch.int).argmax(dim=1)
+        return features.gather(1, first.view(-1, 1, 1).expand(-1, 1, features.size(-1))).squeeze(1)
+    if mode in ("mean", "mean_sqrt_len"):
+        accumulate = torch.float32 if features.dtype in (torch.float16, torch.bfloat16) else features.dtype
+        mask = valid.unsqueeze(-1).to(features.dtype)
+        total = (features * mask).sum(dim=1, dtype=accumulate)
+        count = torch.clamp(mask.sum(dim=1, dtype=accumulate), min=1e-9)
+        return (total / (count if mode == "mean" else torch.sqrt(count))).to(features.dtype)
+    if mode == "max":
+        return features.masked_fill(padding_mask.unsqueeze(-1), float("-inf")).max(dim=1).values
+    if mode == "lasttoken":
+        length = features.size(1)
+        values, from_end = valid.flip(1).max(1)
+        from_end = torch.where(values == 0, length - 1, from_end)
+        last = (length - from_end - 1).view(-1, 1, 1).expand(-1, 1, features.size(-1))
+        return (features * valid.unsqueeze(-1).to(features.dtype)).gather(1, last).squeeze(1)
+    raise ValueError(f"unknown pooling {mode!r}; one of {', '.join(POOLING_MODES)}")
+
+
+class BottleneckPooling(torch.nn.Module):
+    """The bottleneck: ``(features, padding_mask) -> (batch, dim)``, :func:`pool` then, with
+    ``normalize``, L2 normalisation (sentence-transformers' ``Normalize``).  No weights (nothing
+    in the state dict); a module so that a forward hook sees the vector every decoder reads."""
+
+    def __init__(self, mode: str = "cls", normalize: bool = False):
+        super().__init__()
+        if mode not in POOLING_MODES:
+            raise ValueError(f"unknown pooling {mode!r}; one of {', '.join(POOLING_MODES)}")
+        self.mode = mode
+        self.normalize = bool(normalize)
+
+    def forward(self, features: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+        vector = pool(features, padding_mask, self.mode)
+        return F.normalize(vector, p=2, dim=-1) if self.normalize else vector
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode}, normalize={self.normalize}"
+
+
+def vector_memory(vector: torch.Tensor) -> dict:
+    """A decoder's whole view of the encoder as fairseq's encoder_out dict: one memory entry
+    ``(1, batch, dim)``, the bottleneck vector ``(batch, dim)``, and no padding mask."""
+    return {"encoder_out": [vector.unsqueeze(0)], "encoder_padding_mask": []}
+
+
+def pooling_options(task_cfg) -> Tuple[str, str, bool]:
+    """``(pooling, similarity, unnormalized)`` recorded in a task config (the task's ``cfg``, or a
+    checkpoint's ``cfg["task"]``: a dict, an OmegaConf config or a Namespace); one without them
+    (written before they existed, another task's) gives the papers' [CLS] and dot product."""
+
+    def get(key, default):
+        value = task_cfg.get(key) if isinstance(task_cfg, Mapping) else safe_getattr(task_cfg, key, None)
+        return default if value is None else value
+
+    return (
+        str(get("bottleneck_pooling", "cls")),
+        str(get("retrieval_similarity", "dot")),
+        bool(get("bottleneck_unnormalized", False)),
+    )
 
 
 def check_positions(args, task) -> None:
@@ -122,7 +202,9 @@ class BottleneckEncoderModel(RobertaModel):
             OmegaConf.set_struct(args, True)
         check_positions(args, task)
         # RobertaModel.build_model builds the encoder; the subclass's __init__ adds its modules.
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        model.set_pooling(*pooling_options(getattr(task, "cfg", None)))
+        return model
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
@@ -133,6 +215,21 @@ class BottleneckEncoderModel(RobertaModel):
             for module in self.encoder.modules():
                 if "LayerNorm" in type(module).__name__ and hasattr(module, "eps"):
                     module.eps = float(eps)
+        self.set_pooling()  # build_model sets the task's
+
+    def set_pooling(self, pooling: str = "cls", similarity: str = "dot", unnormalized: bool = False) -> None:
+        """How the encoder's features become one vector per text: ``pooling`` (:func:`pool`) for
+        the bottleneck and the representation; ``similarity`` how representations are compared
+        (``cosine``: L2-normalised); the bottleneck reads the normalised vector with cosine
+        unless ``unnormalized``."""
+        if similarity not in SIMILARITIES:
+            raise ValueError(f"unknown similarity {similarity!r}; one of {', '.join(SIMILARITIES)}")
+        self.bottleneck = BottleneckPooling(pooling, normalize=similarity == "cosine" and not unnormalized)
+        self.similarity = similarity
+
+    @property
+    def pooling(self) -> str:
+        return self.bottleneck.mode
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -175,10 +272,18 @@ class BottleneckEncoderModel(RobertaModel):
         at ``masked_tokens`` (every position when None) and the objective's outputs."""
         raise NotImplementedError(f"{type(self).__name__} declares no pre-training forward")
 
-    @staticmethod
-    def cls_vector(features: torch.Tensor) -> torch.Tensor:
-        """(batch, dim): the encoder's last-layer position-0 vector, the bottleneck."""
-        return features[:, 0, :]
+    def bottleneck_vector(self, features: torch.Tensor, src_tokens: torch.Tensor) -> torch.Tensor:
+        """``(batch, dim)``: what every decoder and bottleneck head reads of the encoder, the
+        last-layer ``features`` of ``src_tokens`` through the ``bottleneck`` module (pooled as
+        ``--bottleneck-pooling``, normalised with ``--retrieval-similarity cosine``)."""
+        return self.bottleneck(features, src_tokens.eq(self.encoder.sentence_encoder.padding_idx))
+
+    def sentence_embedding(self, features: torch.Tensor, src_tokens: torch.Tensor) -> torch.Tensor:
+        """``(batch, dim)``: the model's representation of ``src_tokens`` as it is scored (the
+        validation's retrieval, the diagnostics): pooled like the bottleneck, L2-normalised when
+        the similarity is cosine (then the inner product is the cosine)."""
+        vector = pool(features, src_tokens.eq(self.encoder.sentence_encoder.padding_idx), self.pooling)
+        return F.normalize(vector, p=2, dim=-1) if self.similarity == "cosine" else vector
 
     def encode(self, src_tokens, return_all_hiddens=False) -> Tuple[torch.Tensor, dict]:
         """Last-layer encoder features ``(batch, time, dim)`` and fairseq's extra dict."""

@@ -1,7 +1,8 @@
 """CPDAE: a RoBERTa encoder pre-trained with MLM plus a bag-of-words MLP decoder on its
 [CLS] vector, whose word distributions are contrasted across two masked views of each
 text (Xu et al., "Contrastive Pre-training of a Discriminative Autoencoder for Dense
-Retrieval", CIKM 2022).
+Retrieval", CIKM 2022).  The vector is the bottleneck vector (``--bottleneck-pooling``,
+``bottleneck.py``; [CLS] by default), each view's own.
 
 The encoder is fairseq's own ``RobertaEncoder`` (``encoder.*`` keys are RoBERTa's);
 the MLP decoder lives under ``bow_decoder.*``, declared pre-training-only, so
@@ -67,8 +68,8 @@ class CpdaeModel(BottleneckEncoderModel):
         """Features of the batch ``[view 1; view 2]`` (``(2B, T, dim)``; two encoder calls,
         view 1's recomputed in backward, or one with ``--cpdae-views-in-one-batch``: see the
         module docstring); ``masked_tokens`` is over that ``(2B, T)`` batch.
-        ``extra["cls"]``: the ``(2B, dim)`` [CLS] vectors; ``extra["bow_logits"]``: the
-        bag-of-words decoder's ``(2B, |V|)`` logits."""
+        ``extra["bottleneck"]``: the ``(2B, dim)`` bottleneck vectors (``bottleneck_vector``);
+        ``extra["bow_logits"]``: the bag-of-words decoder's ``(2B, |V|)`` logits."""
         if src_tokens_2.shape != src_tokens.shape:
             raise ValueError(
                 f"the two views must have the same shape, got {tuple(src_tokens.shape)} and {tuple(src_tokens_2.shape)}"
@@ -77,8 +78,8 @@ class CpdaeModel(BottleneckEncoderModel):
             features, extra = self.encode(torch.cat([src_tokens, src_tokens_2]), return_all_hiddens)
         else:
             features, extra = self.encode_views(src_tokens, src_tokens_2, return_all_hiddens)
-        extra["cls"] = self.cls_vector(features)
-        extra["bow_logits"] = self.bow_decoder(extra["cls"])
+        extra["bottleneck"] = self.bottleneck_vector(features, torch.cat([src_tokens, src_tokens_2]))
+        extra["bow_logits"] = self.bow_decoder(extra["bottleneck"])
         return self.mlm_hidden(features, masked_tokens), extra
 
     def encode_views(self, view_1, view_2, return_all_hiddens=False) -> Tuple[torch.Tensor, dict]:

@@ -8,7 +8,9 @@ build the same model and the criterion decides whether the bag-of-words term
 is computed.  The enhanced decoder reuses the encoder's embedding module
 (token + position embeddings, LayerNorm) for its two input streams and the MLM
 head for its predictions; its own layer lives under ``enhanced_decoder.*``
-(declared pre-training-only).
+(declared pre-training-only).  Where the paper's decoder reads the [CLS] vector h_X
+(both streams' sentence slot), it reads the bottleneck vector (``--bottleneck-pooling``,
+``bottleneck.py``; [CLS] by default).
 """
 
 import logging
@@ -74,21 +76,21 @@ class RetroMAEModel(BottleneckEncoderModel):
 
     # -- the two streams -------------------------------------------------------------------
 
-    def decoder_streams(self, cls: torch.Tensor, dec_tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(query, content), each (batch, T, dim), from the [CLS] vector and the unmasked tokens."""
+    def decoder_streams(self, vector: torch.Tensor, dec_tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(query, content), each (batch, T, dim), from the bottleneck vector and the unmasked tokens."""
         embed = self.encoder.sentence_encoder
         content, _ = embed.forward_embedding(dec_tokens)  # LN(e_x + p) + dropout, the encoder's own
-        content = torch.cat([cls.unsqueeze(1).to(content.dtype), content[:, 1:]], dim=1)
-        query = cls.unsqueeze(1).expand(-1, dec_tokens.size(1), -1)
+        content = torch.cat([vector.unsqueeze(1).to(content.dtype), content[:, 1:]], dim=1)
+        query = vector.unsqueeze(1).expand(-1, dec_tokens.size(1), -1)
         if safe_getattr(self.args, "decoder_query_layernorm", False):
             query, _ = embed.forward_embedding(dec_tokens, token_embedding=query)
         else:
             query = query + embed.embed_positions(dec_tokens)
         return query, content
 
-    def decode(self, cls: torch.Tensor, dec_tokens: torch.Tensor, dec_hidden: torch.Tensor) -> torch.Tensor:
-        """The enhanced decoder's output features (batch, T, dim)."""
-        query, content = self.decoder_streams(cls, dec_tokens)
+    def decode(self, vector: torch.Tensor, dec_tokens: torch.Tensor, dec_hidden: torch.Tensor) -> torch.Tensor:
+        """The enhanced decoder's output features (batch, T, dim) from the bottleneck vector (batch, dim)."""
+        query, content = self.decoder_streams(vector, dec_tokens)
         return self.enhanced_decoder(query, content, dec_hidden)
 
     def vocabulary_pool(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -116,7 +118,7 @@ class RetroMAEModel(BottleneckEncoderModel):
         if dec_tokens is None or dec_hidden is None:
             raise ValueError("the enhanced decoder needs both dec_tokens and dec_hidden (its attention masks)")
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
-        decoded = self.decode(self.cls_vector(features), dec_tokens, dec_hidden)
+        decoded = self.decode(self.bottleneck_vector(features, src_tokens), dec_tokens, dec_hidden)
         extra["decoder_features"] = self.mlm_hidden(decoded, dec_positions)
         extra["bow_logits"] = self.vocabulary_pool(features, bow_positions) if bow_positions is not None else None
         return self.mlm_hidden(features, masked_tokens), extra

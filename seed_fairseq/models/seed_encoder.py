@@ -1,5 +1,6 @@
 """SEED-Encoder: a RoBERTa-style encoder pre-trained with MLM plus a weak decoder
-that reconstructs the input from the encoder's [CLS] vector alone.
+that reconstructs the input from the encoder's [CLS] vector alone (the bottleneck
+vector: ``--bottleneck-pooling``, ``bottleneck.py``; [CLS] by default).
 
 The encoder is fairseq's own ``RobertaEncoder`` (so the ``encoder.*`` keys are
 exactly RoBERTa's and map one to one onto the authors' released encoder
@@ -18,7 +19,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
 from ..modules.windowed_decoder import FULL, WindowedTransformerDecoder, parse_window
-from .bottleneck import BottleneckEncoderModel, cls_memory, tiny_encoder
+from .bottleneck import BottleneckEncoderModel, tiny_encoder, vector_memory
 
 if TYPE_CHECKING:
     import torch
@@ -135,13 +136,13 @@ class SeedEncoderModel(BottleneckEncoderModel):
     ) -> Tuple["torch.Tensor", dict]:
         """``(mlm_features, extra)`` with ``extra["decoder_features"]`` the weak decoder's last
         features ``(batch, tgt_len, dim)``, None without a decoder (the MLM-only baseline);
-        its projection is ``decoder_projection()`` (tied to the token embeddings, no bias)."""
+        its projection is ``decoder_projection()`` (tied to the token embeddings, no bias).
+        The decoder's one memory entry is the bottleneck vector of ``src_tokens``."""
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
         extra["decoder_features"] = None
         if self.weak_decoder is not None:
-            extra["decoder_features"], _ = self.weak_decoder(
-                prev_output_tokens, encoder_out=cls_memory(features), features_only=True
-            )
+            memory = vector_memory(self.bottleneck_vector(features, src_tokens))
+            extra["decoder_features"], _ = self.weak_decoder(prev_output_tokens, encoder_out=memory, features_only=True)
         return self.mlm_hidden(features, masked_tokens), extra
 
     def decoder_projection(self) -> Tuple["torch.Tensor", None]:

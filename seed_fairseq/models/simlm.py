@@ -1,6 +1,7 @@
 """SimLM (Wang et al., 2022): a deep encoder and a shallow bidirectional decoder
 joined only through the encoder's [CLS] vector, both trained with replaced
-language modelling.
+language modelling (the bottleneck vector: ``--bottleneck-pooling``, ``bottleneck.py``;
+[CLS] by default, h_cls below).
 
     encoder: replaced x_enc            -> h (B x T x C);  h_cls = h[:, 0]
     decoder: embed(replaced x_dec), slot 0 := h_cls -> 2 bidirectional layers
@@ -78,14 +79,14 @@ class SimLMModel(BottleneckEncoderModel):
         self.simlm_decoder = copy.deepcopy(layers[len(layers) - n :]) if n > 0 else None
         self.recompute_decoder = True  # off: keep the decoder layers' activations (tests compare the paths)
 
-    def decode(self, cls: torch.Tensor, dec_tokens: torch.Tensor) -> torch.Tensor:
-        """Decoder features ``(batch, time, dim)`` from the encoder's [CLS] vector ``(batch, dim)``
+    def decode(self, vector: torch.Tensor, dec_tokens: torch.Tensor) -> torch.Tensor:
+        """Decoder features ``(batch, time, dim)`` from the encoder's bottleneck vector ``(batch, dim)``
         and the decoder's input tokens (slot 0, the [CLS] token, is replaced by the vector)."""
         embed = self.encoder.sentence_encoder
         padding = dec_tokens.eq(embed.padding_idx)
         has_pads = bool(padding.any())
         x, _ = embed.forward_embedding(dec_tokens)
-        x = torch.cat([cls.unsqueeze(1).to(x.dtype), x[:, 1:]], dim=1)
+        x = torch.cat([vector.unsqueeze(1).to(x.dtype), x[:, 1:]], dim=1)
         if has_pads:
             x = x * (1 - padding.unsqueeze(-1).type_as(x))
         x = x.transpose(0, 1)
@@ -110,7 +111,7 @@ class SimLMModel(BottleneckEncoderModel):
         features, extra = self.encode(src_tokens, return_all_hiddens=return_all_hiddens)
         extra["decoder_features"] = None
         if self.simlm_decoder is not None:
-            dec_features = self.decode(self.cls_vector(features), dec_tokens)
+            dec_features = self.decode(self.bottleneck_vector(features, src_tokens), dec_tokens)
             extra["decoder_features"] = self.mlm_hidden(dec_features, masked_tokens)
         return self.mlm_hidden(features, masked_tokens), extra
 

@@ -1,4 +1,5 @@
-"""CPDAE's decoder: an MLP from the encoder's [CLS] vector to one logit per vocabulary entry.
+"""CPDAE's decoder: an MLP from the encoder's [CLS] vector (the bottleneck vector:
+``--bottleneck-pooling``) to one logit per vocabulary entry.
 
     Linear(d, d) -> GELU -> LayerNorm -> Linear(d, |V|)      (Xu et al., CIKM 2022, Sec. 3.1.2)
 

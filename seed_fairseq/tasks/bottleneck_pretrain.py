@@ -50,6 +50,7 @@ from fairseq.data import (
     SortDataset,
     data_utils,
 )
+from fairseq.dataclass import ChoiceEnum
 from fairseq.distributed import utils as distributed_utils
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
@@ -63,6 +64,7 @@ from ..data.split_files import check_split_files
 from ..data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 from ..errors import ConfigurationError
 from ..fairseq_patches.optimizer_groups import GROUP_KEY
+from ..models.bottleneck import POOLING_MODES, SIMILARITIES
 from ..objectives import ObjectiveDescription
 from ..retrieval_data import DataFormatError, load_data
 from ..vocabulary.dictionary import dictionary_sha256, is_ordinary
@@ -81,6 +83,9 @@ DUMMY_BATCH = "dummy_batch"
 # sentencepiece marks the first piece of a word with U+2581; the dictionary
 # holds pieces, so whole-word masking can be read off the dictionary itself.
 WORD_START = "\u2581"
+
+POOLING_CHOICES = ChoiceEnum(list(POOLING_MODES))
+SIMILARITY_CHOICES = ChoiceEnum(list(SIMILARITIES))
 
 
 def check_data_paths(data: str, paths: List[str]) -> None:
@@ -142,8 +147,8 @@ class BottleneckPretrainConfig(MaskedLMConfig):
     no_diagnostics: bool = field(
         default=False,
         metadata={
-            "help": "do not compute the pre-training diagnostics at validation (bits through [CLS] per "
-            "bottleneck term, [CLS] anisotropy, the retrieval probe)"
+            "help": "do not compute the pre-training diagnostics at validation (bits through the bottleneck "
+            "vector per bottleneck term, its anisotropy, the retrieval probe)"
         },
     )
     flush_denormal: bool = field(
@@ -181,11 +186,41 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "embeddings this^(L + 1), the heads 1 (1.0, the default: off)"
         },
     )
+    # The model's representation (models/bottleneck.py): what every bottleneck reads, what the
+    # validation scores; recorded in the checkpoint's task config (an old checkpoint: cls, dot)
+    bottleneck_pooling: POOLING_CHOICES = field(
+        default="cls",
+        metadata={
+            "help": "how the encoder's last-layer vectors become the one vector per text that every decoder and "
+            "bottleneck head reads (SEED's weak decoder, RetroMAE/DupMAE's enhanced decoder, SimLM's decoder, "
+            "CPDAE's bag-of-words MLP and contrast) and that the validation's retrieval scores: cls (the [CLS] "
+            "vector, the papers', the default), mean, max, mean_sqrt_len or lasttoken over the non-pad positions "
+            "(sentence-transformers' Pooling modes: continue a model with the pooling it ships with)"
+        },
+    )
+    retrieval_similarity: SIMILARITY_CHOICES = field(
+        default="dot",
+        metadata={
+            "help": "how the pooled vectors are compared: dot (inner product, the papers', the default) or cosine "
+            "(a sentence-transformers model with a Normalize module or a cosine similarity_fn_name).  The "
+            "validation's retrieval (--retrieval-dev, the probe) scores with it, and with cosine the bottleneck "
+            "reads the L2-normalised vector, the one the model compares (see --bottleneck-unnormalized)"
+        },
+    )
+    bottleneck_unnormalized: bool = field(
+        default=False,
+        metadata={
+            "help": "with --retrieval-similarity cosine: the bottleneck reads the pooled vector as it is, not "
+            "L2-normalised (the default with cosine normalises it, as TSDAE's decoder reads a normalising "
+            "model's output: then pre-training changes only the direction, what cosine sees)"
+        },
+    )
     retrieval_probe_size: int = field(
         default=0,
         metadata={
             "help": "at every validation, MRR@10 of the first halves of the first N validation blocks "
-            "retrieving their own second halves by [CLS] dot product (0 = off, the default)"
+            "retrieving their own second halves by the pooled vectors (--bottleneck-pooling) compared "
+            "by --retrieval-similarity (0 = off, the default)"
         },
     )
     # zero-shot retrieval on a labelled dev set at every validation (seed_fairseq/retrieval_dev.py)
@@ -193,7 +228,8 @@ class BottleneckPretrainConfig(MaskedLMConfig):
         default=None,
         metadata={
             "help": "a labelled BEIR or MS MARCO folder: at every validation, zero-shot retrieval of its queries "
-            "by the current [CLS] (exact inner-product search, as the exported model's evaluation), logged as "
+            "by the current pooled vectors (--bottleneck-pooling; exact search by --retrieval-similarity, as "
+            "the exported model's evaluation), logged as "
             "dev_ndcg10, dev_mrr10 and dev_recall100 (keep the best checkpoint with --best-checkpoint-metric "
             "dev_ndcg10 --maximize-best-checkpoint-metric); the starting model's scores are logged before the "
             "first update, and every validation logs <score>_vs_start (docs/diagnostics.md).  Runs even with "
@@ -238,6 +274,11 @@ class BottleneckPretrainTask(MaskedLMTask):
             raise ValueError(
                 f"{type(self).__name__} does not support the data2vec options "
                 "--d2v2-multi / --include-target-tokens / --skip-masking"
+            )
+        if cfg.bottleneck_unnormalized and str(cfg.retrieval_similarity) != "cosine":
+            raise ConfigurationError(
+                "--bottleneck-unnormalized has no effect without --retrieval-similarity cosine (with dot the "
+                "bottleneck reads the pooled vector as it is)"
             )
         if cfg.retrieval_probe_size < 0:
             raise ValueError(f"--retrieval-probe-size must be >= 0, got {cfg.retrieval_probe_size}")
@@ -589,6 +630,10 @@ class BottleneckPretrainTask(MaskedLMTask):
             f"tokenised with {text_ids.describe}, cut at {cfg.tokens_per_sample} tokens; scored at every validation"
         )
 
+    def representation(self) -> List[str]:
+        """[pooling, similarity]: what the retrieval scores of this run are computed on."""
+        return [str(self.cfg.bottleneck_pooling), str(self.cfg.retrieval_similarity)]
+
     def retrieval_names(self) -> List[str]:
         """The retrieval scores this run logs at every validation and for the starting model."""
         probe = ["probe_mrr10"] if self.cfg.retrieval_probe_size > 0 and not self.cfg.no_diagnostics else []
@@ -664,14 +709,18 @@ class BottleneckPretrainTask(MaskedLMTask):
             "scores": dict(self.retrieval_start),
             "probe_size": self.cfg.retrieval_probe_size,
             "dev_identity": self.retrieval_dev.identity if self.retrieval_dev else None,
+            "representation": self.representation(),
         }
         return {type(self).__name__: {START_SCORES: record}}
 
     def set_checkpoint_dict(self, state: Dict[str, Any]) -> None:
         """The start scores of the run this one continues, each kept only if it was computed on
-        what this run scores (the same probe size, the same dev queries, documents and tokens)."""
+        what this run scores (the same probe size, the same dev queries, documents and tokens, the
+        same pooling and similarity: a record without them was [CLS] and dot product)."""
         record = (state or {}).get(START_SCORES) or {}
         dev = self.retrieval_dev.identity if self.retrieval_dev else None
+        if list(record.get("representation") or ["cls", "dot"]) != self.representation():
+            record = {}
         same = {
             "probe_mrr10": record.get("probe_size") == self.cfg.retrieval_probe_size,
             **{name: dev is not None and record.get("dev_identity") == dev for name in retrieval_dev.MEASURES},
