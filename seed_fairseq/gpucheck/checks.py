@@ -12,7 +12,6 @@ weights.  The one-process run's checkpoint is also the one exported.
 import os
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..compare.interrupt import run_child
 from .runs import USER_DIR
 
 # one plain SGD step with learning rate 1: the weight change is the gradient (test_contract.SGD_ONE_STEP)
@@ -62,15 +62,20 @@ def child_env() -> Dict[str, str]:
 def fairseq_train(
     data, save_dir: Path, args: List[str], log_file: Path, say: Callable[[str], None], launcher=()
 ) -> Path:
-    """``fairseq-train DATA --save-dir SAVE_DIR ARGS`` (under ``launcher``), its output in ``log_file``."""
+    """``fairseq-train DATA --save-dir SAVE_DIR ARGS`` (under ``launcher``), its output in ``log_file``.
+
+    Run as the comparison runs its tools (``compare.interrupt.run_child``): in a process group of
+    its own, which is stopped whole (``torchrun`` and its workers) when gpu_check is interrupted or
+    its time budget runs out (``budget.OutOfTime``, raised during the wait), and asked to stop
+    when gpu_check dies."""
     train = str(Path(sys.executable).with_name("fairseq-train"))
     cmd = [*launcher, train, str(data), "--user-dir", USER_DIR, *args, "--save-dir", str(save_dir)]
     say(" ".join(shlex.quote(str(c)) for c in cmd))
     with open(log_file, "w", encoding="utf-8") as f:
-        proc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=child_env(), timeout=3600)
-    if proc.returncode != 0:
+        code = run_child([str(c) for c in cmd], f, child_env())
+    if code != 0:
         tail = Path(log_file).read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
-        raise CheckFailed(f"fairseq-train failed (exit {proc.returncode}; {log_file}): {' | '.join(tail)}")
+        raise CheckFailed(f"fairseq-train failed (exit {code}; {log_file}): {' | '.join(tail)}")
     return save_dir / "checkpoint_last.pt"
 
 
