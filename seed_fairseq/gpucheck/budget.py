@@ -63,19 +63,22 @@ class Budget:
     @contextlib.contextmanager
     def deadline(self, what: str) -> Iterator[None]:
         """Run the block until the deadline at most (:data:`CHECK_LIMIT` seconds without a budget):
-        then :class:`OutOfTime` is raised inside it.  Inside another such block the outer one's
-        alarm stays in charge (one timer per process)."""
+        then :class:`OutOfTime` is raised inside it.  An alarm set before (an enclosing deadline, a
+        test runner's timeout) that comes first is left in charge; one that comes later is re-armed,
+        with its handler, when the block ends."""
         seconds = min(self.left(), CHECK_LIMIT)
         if seconds <= 0:
             raise self.out_of_time(what)
-        if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0]:
-            yield  # signals reach the main thread only; an outer deadline is already set
+        outer = signal.getitimer(signal.ITIMER_REAL)[0]
+        if threading.current_thread() is not threading.main_thread() or (outer and outer <= seconds):
+            yield  # signals reach the main thread only; the earlier alarm stays
             return
         limit = f"--budget-seconds {self.seconds:g}" if self.seconds is not None else f"{CHECK_LIMIT:g} s per check"
 
         def expire(signum, frame):
             raise OutOfTime(f"stopped: the time budget ({limit}) ran out during {what}")
 
+        began = time.monotonic()
         before = signal.signal(signal.SIGALRM, expire)
         signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
@@ -83,6 +86,8 @@ class Budget:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, before)
+            if outer:
+                signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - began)))
 
 
 def updates_that_fit(seconds: float, update: float, overhead: float, wanted: int, minimum: int = MIN_UPDATES) -> int:

@@ -59,6 +59,11 @@ def child_env() -> Dict[str, str]:
     return env
 
 
+def train_program() -> str:
+    """The ``fairseq-train`` beside this interpreter (the venv's)."""
+    return str(Path(sys.executable).with_name("fairseq-train"))
+
+
 def fairseq_train(
     data, save_dir: Path, args: List[str], log_file: Path, say: Callable[[str], None], launcher=()
 ) -> Path:
@@ -68,7 +73,7 @@ def fairseq_train(
     its own, which is stopped whole (``torchrun`` and its workers) when gpu_check is interrupted or
     its time budget runs out (``budget.OutOfTime``, raised during the wait), and asked to stop
     when gpu_check dies."""
-    train = str(Path(sys.executable).with_name("fairseq-train"))
+    train = train_program()
     cmd = [*launcher, train, str(data), "--user-dir", USER_DIR, *args, "--save-dir", str(save_dir)]
     say(" ".join(shlex.quote(str(c)) for c in cmd))
     with open(log_file, "w", encoding="utf-8") as f:
@@ -200,6 +205,15 @@ def faiss_equal(emb: np.ndarray, use_gpu: bool, k: int = 10, queries: int = 32) 
     if same < 0.99:
         raise CheckFailed(f"faiss neighbours differ: {same:.1%} of ids equal (< 99%)")
     return {"score_max_abs_diff": score_diff, "ids_equal": same, "queries": len(q), "k": k}
+
+
+def faiss_cpu_available() -> Optional[str]:
+    """None when faiss can be imported here, else why not."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return "faiss is not installed"
+    return None
 
 
 def faiss_gpu_available() -> Optional[str]:
