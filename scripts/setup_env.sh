@@ -47,7 +47,13 @@ if [ -n "$WHEELHOUSE" ]; then
         echo "error: $WHEELHOUSE: made for Python $WH_PYTHON, $HAVE is Python $HAVE_VERSION" >&2; exit 2
     fi
     if [ ! -x "$VPY" ] && [ -n "$SYSTEM_SITE" ]; then
-        run "$PY" -m venv --system-site-packages "$VENV"
+        if ! run "$PY" -m venv --system-site-packages "$VENV"; then
+            # no ensurepip (a Debian python without python3-venv): a venv without pip of its own, which
+            # then runs $PYTHON's pip through the .pth below (pip installs into the interpreter running it)
+            echo "venv: $PY cannot install pip into a venv; making one without, which uses $PY's pip"
+            rm -rf "$VENV"
+            run "$PY" -m venv --system-site-packages --without-pip "$VENV"
+        fi
         # a venv made by a venv's python (a GPU image's /opt/.../.venv) sees the base interpreter's
         # packages, not that venv's: a .pth names $PYTHON's own site folders after the new venv's
         BASE_SITE=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')

@@ -287,15 +287,22 @@ class GpuCheck:
         if self.budget.limited:
             build, step = probe.timings.get("build", 0.0), probe.timings.get(batch, 0.0)
             compare = (build + step) * (1 if (name, self.p.reference) in self.first_updates else 2)
-            left = until - time.monotonic()
             # the run's own build and its first update, counted under FlopCounterMode (slower), then the rest
-            updates = updates_that_fit(left - compare, step, build + 3 * step, self.p.updates)
+            overhead = build + 3 * step
+            updates = updates_that_fit(until - time.monotonic() - compare, step, overhead, self.p.updates)
             if not updates:
-                entry[precision] = {"batch": batch, "search": tried}
-                raise OutOfTime(
-                    f"not run: {left:.0f} s of the time budget were left for it after the batch search, "
-                    f"fewer than {MIN_UPDATES} updates of {step:.2f} s (batch {batch}) and the fixed-batch check"
-                )
+                # its share holds fewer than the minimum: the minimum, if what is left of the whole budget
+                # holds it (the runs after it get less; the last ones may not run, rather than all of them)
+                whole = self.budget.left() - self.p.tail_seconds
+                updates = updates_that_fit(whole - compare, step, overhead, MIN_UPDATES)
+                until = time.monotonic() + whole
+                if not updates:
+                    entry[precision] = {"batch": batch, "search": tried}
+                    raise OutOfTime(
+                        f"not run: {max(0.0, whole):.0f} s of the time budget were left for the training runs "
+                        f"after its batch search: fewer than {MIN_UPDATES} updates of {step:.2f} s (batch {batch}) "
+                        "and the fixed-batch check"
+                    )
             until -= compare
         args = self.p.train_args(setup, precision, batch, updates)
         t = train(self.data, args, self.p.device, updates, batch, until=until if self.budget.limited else None)
@@ -476,7 +483,9 @@ class GpuCheck:
         all_setups = setups(self.p, str(generator))
         self.setup_args = {s.name: list(s.args) for s in all_setups}
         chosen = [s for s in all_setups if not self.only or s.name in self.only or s.name == BASELINE]
-        runs = [(s, precision) for s in chosen for precision in self.p.precisions]
+        # precision by precision: the first (fp16 on CUDA, the papers') for every objective before the next,
+        # so that a short budget leaves out the second precision's runs, not the papers' one
+        runs = [(s, precision) for precision in self.p.precisions for s in chosen]
         ref = self.p.reference
         self.planned = [
             "generator",
