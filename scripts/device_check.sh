@@ -78,6 +78,7 @@ note "torch: $(grep -A1 '^== torch' "$DEST/versions.txt" | tail -1)"
 if [ -n "$INSTALL" ]; then
     # the install may take all but 150 s of the whole: gpu_check needs at least that for a useful run
     LIMIT=$(( $(left) - 150 ))
+    [ "$LIMIT" -ge 60 ] || LIMIT=60
     T0=$(date +%s)
     (
         export PYTHON="$IMAGE_PY" VENV="$VENV" PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -162,6 +162,33 @@ def test_updates_are_fitted_to_the_share():
     assert budget_mod.Budget(None).share(4, 20.0) == math.inf
 
 
+def test_each_run_takes_the_updates_its_share_holds(tmp_path, monkeypatch):
+    """The planner on a stand-in device (updates of 0.5 s, measured in the batch search): a share of 10 s
+    holds ~15 updates after the run's overhead and its comparison; a share too small for 3 takes 3 from
+    the whole budget; a budget that cannot hold 3 is "not run"."""
+    from test_gpu_check import FakeRun
+
+    from seed_fairseq.gpucheck import runs
+
+    monkeypatch.setattr(runs, "Run", FakeRun)
+
+    def check(seconds):
+        c = cli.GpuCheck(dry_run_profile(), tmp_path, tmp_path / "corpus.txt", None, budget_mod.Budget(seconds))
+        c.p.updates = 30
+        return c
+
+    plan = check(1000.0)
+    assert plan.train_objective("seed", [], "bf16", share=10.0).status == report.PASS
+    t = plan.objectives["seed"]["training"]["bf16"]
+    assert t["batch"] == 8  # the dry run's search: 2, 4, 8 (the stand-in fits 12)
+    assert 13 <= t["updates_planned"] <= 15 and t["updates"] == t["updates_planned"], t
+    small = check(1000.0)
+    small.train_objective("seed", [], "bf16", share=1.0)
+    assert small.objectives["seed"]["training"]["bf16"]["updates_planned"] == budget_mod.MIN_UPDATES
+    with pytest.raises(budget_mod.OutOfTime, match="fewer than 3 updates"):
+        check(41.0).train_objective("seed", [], "bf16", share=1.0)  # 41 s less the 40 s kept for the rest
+
+
 # ---- item 9: Ctrl-C during the data-parallel check ------------------------------------------------
 
 # stands in for fairseq-train: the 1-process run leaves a checkpoint; each torchrun worker records its

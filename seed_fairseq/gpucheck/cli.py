@@ -184,6 +184,7 @@ class GpuCheck:
         self.first_updates: Dict[tuple, Dict[str, float]] = {}
         self.found_batch: Dict[str, int] = {}  # objective -> the batch its first precision found
         self.planned: List[str] = []  # every check's name, in order (set by run)
+        self.cheapest_run: Optional[float] = None  # seconds of the quickest training run (and comparison) so far
 
     def add(self, check: Check) -> Check:
         self.checks.append(check)
@@ -506,8 +507,23 @@ class GpuCheck:
                 continue
             # this run's share of what is left; the checks after the training runs keep their time
             share = self.budget.share(len(runs) - i, self.p.tail_seconds)
-            self.attempt(f"train {s.name} {precision}", self.train_objective, s.name, list(s.args), precision, share)
-            self.attempt(f"{precision} vs {ref} {s.name}", self.compare_precision, s.name, list(s.args), precision)
+            began = time.monotonic()
+            quickest = self.cheapest_run
+            if quickest is not None and self.budget.left() - self.p.tail_seconds < quickest:  # why search then
+                why = f"{self.budget.out_of_time('it')}: the quickest training run so far took {quickest:.0f} s"
+                self.add(Check(f"train {s.name} {precision}", NOT_RUN, why))
+                self.add(Check(f"{precision} vs {ref} {s.name}", NOT_RUN, "not run: no time was left for its training"))
+                continue
+            trained = self.attempt(
+                f"train {s.name} {precision}", self.train_objective, s.name, list(s.args), precision, share
+            )
+            compare = f"{precision} vs {ref} {s.name}"
+            if trained is not None and trained.status == NOT_RUN:  # its time went: the comparison's too
+                self.add(Check(compare, NOT_RUN, f"not run: no time was left for its training run ({trained.detail})"))
+                continue
+            self.attempt(compare, self.compare_precision, s.name, list(s.args), precision)
+            took = time.monotonic() - began
+            self.cheapest_run = took if quickest is None else min(quickest, took)
         self.ratios_and_projection()
         self.attempt("data parallel", self.data_parallel)
         self.attempt("HF export", self.export)
