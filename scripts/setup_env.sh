@@ -69,7 +69,9 @@ if [ -n "$WHEELHOUSE" ]; then
         echo "torch: keeping the installed torch $TORCH (never replaced)"
     elif [ -n "$WH_TORCH" ]; then
         run "${PIP[@]}" --only-binary :all: -r "$WH_LOCK_TORCH"
-        TORCH=$([ -n "$DRY_RUN" ] && echo "${WH_TORCH#torch==}" || "$VPY" -c "import torch; print(torch.__version__)")
+        # its version as the wheelhouse pins it: torch cannot be imported before the next step brings its
+        # dependencies (every step is --no-deps)
+        TORCH="${WH_TORCH#torch==}"
     else
         echo "error: $WHEELHOUSE: torch is not importable in $VENV and the wheelhouse has none" \
             "(install the machine's torch into $VENV first, or make the wheelhouse with --with-torch)" >&2

@@ -232,7 +232,7 @@ def test_air_gapped_install_trains(tmp_path):
     assert len(losses) >= 3 and all(math.isfinite(float(x)) for x in losses), trained.stderr[-3000:]
     assert (tmp_path / "ckpt" / "checkpoint_last.pt").is_file()
     print(
-        f"\nair-gapped install: wheelhouse {record['files']} files, {record['bytes'] / 1e6:.0f} MB; "
+        f"\nair-gapped install: wheelhouse {record['packages']} files, {record['bytes'] / 1e6:.0f} MB; "
         f"network {'removed (unshare -n)' if offline else 'still up (--no-index only)'}; "
         f"{time.monotonic() - start:.0f} s in all"
     )
