@@ -15,11 +15,24 @@ What goes into DIR (for one target Python and platform):
 - torch only with ``--with-torch`` (the pinned CPU build): a GPU machine keeps its own CUDA torch.
   Without it, resolution sees a stub torch with no dependencies, so neither torch nor its CUDA
   packages are downloaded (the target's torch brought its own);
+- with ``--image FILE`` (``name==version`` lines: what the target machine already has, e.g. the lent
+  GPU machine's image, ``scripts/device_image.txt``), none of those: each is a stub of its version
+  during resolution, so only what the image lacks is downloaded (``scripts/device_bundle.sh``);
+  ``--leave-out NAME`` drops a requirement the target does not need (blingfire, 40 MB);
 - never torchaudio (fairseq requires it, text training never imports it, the online set-up removes it);
-- ``wheelhouse.json`` (target, extras, the fairseq sdist, build and install lists),
-  ``requirements.txt`` (what setup_env.sh installs, markers evaluated for the target),
-  ``requirements.lock`` (every file as ``name==version --hash=sha256:...``) and ``SHA256SUMS``
-  (checked by setup_env.sh before it installs anything).
+- ``wheelhouse.json`` (the record: target, extras, the fairseq sdist, build and install lists, and
+  ``files``, every file of the folder), ``requirements.txt`` (the requirements, markers evaluated for
+  the target: for people), ``requirements.lock`` (every file as ``name==version --hash=sha256:...``:
+  what setup_env.sh installs, with ``--require-hashes``) and ``SHA256SUMS``.
+
+The folder is the tool's own (``seed_fairseq.fileio``'s ownership rule): a new one is built beside it
+and put in place only when complete; an earlier wheelhouse is replaced file by file, exactly the files
+its record lists (an entry outside the folder, or through a link, is refused before anything changes),
+and a folder holding files its record does not list is refused before anything is downloaded.
+
+``check DIR [PLAN_DIR]`` (setup_env.sh): refuses a folder with a file that SHA256SUMS does not list, a
+listed file missing or altered, or a lock that disagrees with SHA256SUMS; writes the lock's lines of
+each install step into PLAN_DIR and prints the plan as shell assignments.
 
 Dependency markers are evaluated by pip for the interpreter that runs it, so the wheels are
 downloaded by a ``python3.X`` of the target version (this interpreter when the versions agree);
@@ -30,7 +43,6 @@ import argparse
 import email.parser
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -42,17 +54,23 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+TOOL = "make_wheelhouse.sh"
+RECORD = "wheelhouse.json"
 # the torch scripts/setup_env.sh pins (the machine's local CPU build)
 TORCH_PIN = "2.13.0"
 FAIRSEQ_NAMES = {"fairseq", "fairseq-fixed"}
 # never installed: fairseq requires it, text training never imports it (see setup.py)
 DROPPED = {"torch", "torchaudio"}
 # fairseq's build requirements (its pyproject.toml, less torch); setuptools >= 64 also installs
-# the project in editable mode without build isolation; numpy pinned as scripts/setup_env.sh pins it
-BUILD = ["setuptools>=64", "wheel", "cython", "numpy>=1.21.3,<2.3"]
+# the project in editable mode without build isolation; numpy pinned as scripts/setup_env.sh pins it.
+# The tools are always in the wheelhouse (a known build); cython and numpy are left to an --image that has them.
+BUILD_TOOLS = ["setuptools>=64", "wheel"]
+BUILD = [*BUILD_TOOLS, "cython", "numpy>=1.21.3,<2.3"]
 # pure-Python dependencies with no wheel on PyPI: their sdist is built into a wheel here
 SOURCE_ONLY = ["antlr4-python3-runtime==4.9.*"]
-MANIFEST = ("wheelhouse.json", "requirements.txt", "requirements.lock", "SHA256SUMS")
+MANIFEST = (RECORD, "requirements.txt", "requirements.lock", "SHA256SUMS")
+# the steps of setup_env.sh --wheelhouse, each a file of the lock's lines (check's PLAN_DIR)
+STEPS = ("build", "torch", "install", "fairseq")
 
 
 class Refused(Exception):
@@ -94,6 +112,20 @@ def parse_args(argv):
     p.add_argument("--out", required=True, type=Path, help="the wheelhouse folder (new, or one this script made)")
     p.add_argument("--extras", default="test", help="the project's extras, comma-separated (default: test)")
     p.add_argument("--with-torch", action="store_true", help=f"add the pinned torch=={TORCH_PIN}")
+    p.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        help="name==version lines: what the target already has (never downloaded; e.g. scripts/device_image.txt)",
+    )
+    p.add_argument(
+        "--leave-out", action="append", default=[], help="a requirement the target does not need (repeatable)"
+    )
+    p.add_argument(
+        "--download-python",
+        default=None,
+        help="the interpreter of the target's version that downloads the wheels (default: pythonX.Y on PATH)",
+    )
     args = p.parse_args(argv)
     m = re.fullmatch(r"3\.(\d+)", args.python)
     if not m:
@@ -101,10 +133,64 @@ def parse_args(argv):
     if int(m.group(1)) < 11:
         raise Refused(f"--python {args.python}: the wheelhouse serves fairseq-fixed, which needs Python >= 3.11")
     args.extras = sorted({e.strip() for e in args.extras.split(",") if e.strip()})
-    out = args.out
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "wheelhouse.json").is_file())):
-        raise Refused(f"{out}: exists and is not a wheelhouse this script made")
+    args.image_packages = read_image(args.image) if args.image else {}
+    args.leave_out = sorted({canonical(n) for n in args.leave_out})
     return args
+
+
+def canonical(name):
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
+
+
+def read_image(path):
+    """{canonical name: version} of an --image file (``name==version`` lines; ``#`` comments)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise Refused(f"{path}: cannot be read ({e})") from None
+    image = {}
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            req = Requirement(line)
+            (spec,) = req.specifier
+        except (InvalidRequirement, ValueError):
+            raise Refused(f"{path}: line {number}: expected name==version, got {line!r}") from None
+        if spec.operator != "==" or "*" in spec.version:
+            raise Refused(f"{path}: line {number}: expected name==version, got {line!r}")
+        image[canonical(req.name)] = spec.version
+    return image
+
+
+def check_out(out):
+    """Refuse, before anything is downloaded, an --out this tool may not replace (``fileio``'s rule): a
+    file, a folder of someone else's, a record listing a path outside the folder or through a link, an
+    older record that lists no files, or a wheelhouse holding files its record does not list."""
+    from seed_fairseq.fileio import OutputError, owned_output, staged_files
+
+    try:
+        owned = owned_output(out, RECORD, TOOL)
+    except OutputError as e:
+        raise Refused(str(e)) from None
+    if owned is None:
+        return
+    if not owned.lists_files:
+        raise Refused(
+            f"{out}: a wheelhouse of an older make_wheelhouse.sh (its record lists no files): "
+            "delete it yourself or choose another --out"
+        )
+    extra = [rel for rel in staged_files(out) if rel not in owned.files]
+    if extra:
+        raise Refused(
+            f"{out}: holds files its record does not list ({', '.join(extra[:5])}"
+            f"{' ...' if len(extra) > 5 else ''}): move them away or choose another --out; nothing was changed"
+        )
 
 
 def target_environment(python):
@@ -150,13 +236,18 @@ def sdist_requirements(path, env):
     return evaluate(info.get_all("Requires-Dist") or [], env)
 
 
-def stub_torch(folder):
-    """A torch wheel with no files and no dependencies: what resolution sees instead of the real one."""
-    version = f"{TORCH_PIN}+wheelhousestub"
-    path = folder / f"torch-{version}-py3-none-any.whl"
-    info = f"torch-{version}.dist-info"
+STUB = "wheelhousestub"  # the local version label of a stub
+
+
+def stub_wheel(folder, name, version):
+    """A wheel of ``name`` with no files and no dependencies, version ``version+wheelhousestub``: what
+    resolution sees instead of a package the target already has (its torch, its image's packages)."""
+    version = f"{version}+{STUB}"
+    dist = re.sub(r"[-_.]+", "_", name)
+    path = folder / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
         z.writestr(
             f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         )
@@ -178,7 +269,14 @@ def platform_tags(tags):
     return list(dict.fromkeys(out))
 
 
-def wheel_python(python, runner):
+def wheel_python(python, runner, given=None):
+    if given:
+        got = subprocess.run([given, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True)  # fmt: skip
+        if got.returncode or got.stdout.strip() != python:
+            said = got.stdout.strip() or got.stderr[-200:]
+            raise Refused(f"--download-python {given}: not a Python {python} ({said})")
+        return given
     if python == f"{sys.version_info[0]}.{sys.version_info[1]}":
         return runner
     found = shutil.which(f"python{python}")
@@ -199,9 +297,12 @@ def sha256(path):
 
 
 def write_manifest(folder, meta):
+    """SHA256SUMS, the lock, requirements.txt, then the record (last: it lists every file)."""
     from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in MANIFEST)
+    from seed_fairseq.fileio import staged_files, write_output_record
+
+    files = [rel for rel in staged_files(folder) if rel not in MANIFEST]
     hashes = {name: sha256(folder / name) for name in files}
     pins = {}
     for name in files:
@@ -211,61 +312,58 @@ def write_manifest(folder, meta):
     (folder / "requirements.lock").write_text("\n".join(lock) + "\n")
     (folder / "SHA256SUMS").write_text("".join(f"{hashes[n]}  {n}\n" for n in files))
     (folder / "requirements.txt").write_text("\n".join(meta["install"]) + "\n")
-    meta.update(files=len(files), bytes=sum((folder / n).stat().st_size for n in files))
-    (folder / "wheelhouse.json").write_text(json.dumps(meta, indent=1) + "\n")
+    meta.update(packages=len(files), bytes=sum((folder / n).stat().st_size for n in files))
+    write_output_record(folder, RECORD, meta)  # adds "files": everything above and the record itself
     return meta
-
-
-def replace(old, new):
-    """Put ``new`` at ``old``; an old wheelhouse goes, but only the files its own SHA256SUMS lists."""
-    if old.exists():
-        sums = old / "SHA256SUMS"
-        listed = [line.split("  ", 1)[1] for line in sums.read_text().splitlines()] if sums.exists() else []
-        for name in [*listed, *MANIFEST]:
-            (old / name).unlink(missing_ok=True)
-        try:
-            old.rmdir()
-        except OSError:
-            raise Refused(f"{old}: holds files the old wheelhouse did not list; left as it was") from None
-    os.replace(new, old)
 
 
 def download(args, runner, work, partial):
     """Fill ``partial`` for the target; the record's fields."""
-    wpy = wheel_python(args.python, runner)
+    wpy = wheel_python(args.python, runner, args.download_python)
     env = target_environment(args.python)
+    image = dict(args.image_packages)
     reqs = project_requirements(runner, env, args.extras, work)
     fairseq = [r for r in reqs if r.name in FAIRSEQ_NAMES]
     torch_spec = [str(r.specifier) for r in reqs if r.name == "torch"]
-    reqs = [r for r in reqs if r.name not in FAIRSEQ_NAMES | DROPPED]
-    partial.mkdir()
+    # the image's packages are the target's: none is downloaded (their stubs stand in below)
+    skip = FAIRSEQ_NAMES | DROPPED | set(image) | set(args.leave_out)
+    reqs = [r for r in reqs if canonical(r.name) not in skip]
 
     # sdists: fairseq (built on the target) and the pure-Python ones without wheels
     pip(runner, "download", "--no-deps", "--no-build-isolation", "--no-binary", ":all:", "-d", partial,
         *map(str, fairseq), *SOURCE_ONLY)  # fmt: skip
     (fairseq_sdist,) = [p for p in partial.iterdir() if p.name.startswith(("fairseq-", "fairseq_"))]
-    fairseq_reqs = [r for r in sdist_requirements(fairseq_sdist, env) if r.name not in DROPPED]
+    fairseq_reqs = [r for r in sdist_requirements(fairseq_sdist, env) if canonical(r.name) not in skip]
     built = work / "built"
-    sources = [p for p in partial.iterdir() if p != fairseq_sdist]
+    sources = [p for p in partial.iterdir() if p != fairseq_sdist and p.name.endswith((".tar.gz", ".zip"))]
     pip(runner, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", built, *sources)
     for wheel in built.iterdir():
         if not wheel.name.endswith("-py3-none-any.whl"):
             raise SystemExit(f"error: {wheel.name}: built a platform wheel from a source-only dependency")
         shutil.copy2(wheel, partial / wheel.name)
 
-    # wheels for the target; torch is the pinned one or a stub that pulls nothing
+    # wheels for the target; torch is the pinned one or a stub that pulls nothing, and every package
+    # of the image a stub of its version (a requirement it does not satisfy fails the resolution here)
     stub = work / "stub"
     stub.mkdir()
-    torch_version = TORCH_PIN if args.with_torch else stub_torch(stub)
-    (work / "constraints.txt").write_text(f"torch=={torch_version}\n")
+    from packaging.requirements import Requirement
+
+    tools = {canonical(Requirement(b).name) for b in BUILD_TOOLS}
+    if not args.with_torch:
+        image.setdefault("torch", TORCH_PIN)
+    pins = {name: stub_wheel(stub, name, version) for name, version in image.items() if name not in tools}
+    if args.with_torch:
+        pins["torch"] = TORCH_PIN
+    (work / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+    build = [b for b in BUILD if b in BUILD_TOOLS or canonical(Requirement(b).name) not in args.image_packages]
     install = sorted({str(r) for r in reqs + fairseq_reqs})
-    wanted = sorted({*install, *BUILD, *(["torch"] if args.with_torch else [])})
+    wanted = sorted({*install, *build, *(["torch"] if args.with_torch else [])})
     (work / "wanted.txt").write_text("\n".join(wanted) + "\n")
     platform = [a for p in platform_tags(args.platform) for a in ("--platform", p)]
     pip(wpy, "download", "--only-binary", ":all:", "--python-version", args.python, *platform,
         "-d", partial, "--find-links", partial, "--find-links", stub,
         "-c", work / "constraints.txt", "-r", work / "wanted.txt")  # fmt: skip
-    for leftover in partial.glob("torch-*wheelhousestub*"):
+    for leftover in partial.glob(f"*+{STUB}-*"):
         leftover.unlink()
     return {
         "python": args.python,
@@ -274,8 +372,10 @@ def download(args, runner, work, partial):
         "torch": f"torch=={TORCH_PIN}" if args.with_torch else None,
         "project_torch": torch_spec,
         "fairseq": fairseq_sdist.name,
-        "build": BUILD,
+        "build": build,
         "install": install,
+        "image": {"file": str(args.image), "packages": len(args.image_packages)} if args.image else None,
+        "left_out": args.leave_out,
     }
 
 
@@ -286,57 +386,110 @@ def make(args):
         import torch  # noqa: F401  (fairseq's setup.py imports it when pip reads the sdist)
     except ImportError as e:
         raise Refused(f"{runner}: needs {e.name} (run with the project's .venv: PYTHON=.venv/bin/python)") from None
-    out = args.out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # built beside DIR and renamed into place at the end: DIR is whole or as it was
-    partial = out.parent / f".{out.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)  # an interrupted earlier run of this script
+    from seed_fairseq.fileio import OutputError, staged_output
+
+    out = args.out.absolute()
+    check_out(out)  # before any download: a folder this tool may not replace is refused as it is
+    # built in a staging folder beside DIR and installed only when complete (fileio.staged_output):
+    # DIR is whole, or as it was
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with staged_output(out, RECORD, TOOL, replace=True) as partial, tempfile.TemporaryDirectory() as tmp:
             meta = write_manifest(partial, download(args, runner, Path(tmp), partial))
-        replace(out, partial)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    print(f"wheelhouse {out}: {meta['files']} files, {meta['bytes'] / 1e6:.0f} MB, Python {args.python}, "
+    except OutputError as e:
+        raise Refused(str(e)) from None
+    print(f"wheelhouse {out}: {meta['packages']} files, {meta['bytes'] / 1e6:.1f} MB, Python {args.python}, "
           f"platform {meta['platform']}, extras {','.join(args.extras) or '-'}, "
           f"torch {'included' if args.with_torch else 'not included (the target keeps its own)'}")  # fmt: skip
 
 
-def check(folder):
-    """Refuse a folder that is not a complete, unaltered wheelhouse; print its plan as shell assignments."""
+def _normal(name):
+    """PEP 503's normalised name (packaging.utils.canonicalize_name)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _name_version(filename):
+    """(normalised name, version) of a wheel (``name-version-...whl``) or sdist (``name-version.tar.gz``)
+    file name, as the lock writes them (packaging's parse_*_filename, for this folder's own names)."""
+    if filename.endswith(".whl"):
+        name, version = filename.split("-")[:2]
+    else:
+        stem = re.sub(r"\.(tar\.gz|zip|tar\.bz2)$", "", filename)
+        name, _, version = stem.rpartition("-")
+    return _normal(name), version
+
+
+def check(folder, plan_dir=None):
+    """Refuse a folder that is not a complete, unaltered wheelhouse; print its plan as shell assignments.
+
+    Every file must be listed in SHA256SUMS with its digest (an unlisted file is refused: pip could
+    prefer it), and the lock must pin exactly those digests.  With ``plan_dir``, the lock's lines of
+    each install step (:data:`STEPS`) are written there, for ``pip install --require-hashes -r``.
+    The standard library only: it runs with the target's bare ``python3``."""
+
     folder = Path(folder).resolve()
-    meta_path = folder / "wheelhouse.json"
+    meta_path = folder / RECORD
     if not meta_path.is_file():
         raise Refused(f"{folder}: no wheelhouse.json (make one with scripts/make_wheelhouse.sh)")
     try:
         meta = json.loads(meta_path.read_text())
-        listed = [line.split("  ", 1) for line in (folder / "SHA256SUMS").read_text().splitlines()]
+        listed = dict(reversed(line.split("  ", 1)) for line in (folder / "SHA256SUMS").read_text().splitlines())
+        lock = [line.split() for line in (folder / "requirements.lock").read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as e:
         raise Refused(f"{meta_path}: unreadable wheelhouse record ({e})") from None
-    for digest, name in listed:
+    for name, digest in listed.items():
         path = folder / name
-        if not path.is_file():
+        if "/" in name or name in MANIFEST or not path.is_file() or path.is_symlink():
             raise Refused(f"{path}: listed in SHA256SUMS but missing")
         if sha256(path) != digest:
             raise Refused(f"{path}: sha256 differs from SHA256SUMS")
+    for entry in sorted(folder.iterdir()):
+        if entry.name not in MANIFEST and entry.name not in listed:
+            raise Refused(f"{entry}: not listed in SHA256SUMS: only the wheelhouse's own files may be installed")
+    pinned = {}
+    for fields in lock:
+        pin, hashes = fields[0], {h.split(":", 1)[-1] for h in fields[1:] if h.startswith("--hash=")}
+        pinned[_normal(pin.split("==", 1)[0])] = (fields, hashes)
+    digests = set()
+    for name, digest in listed.items():
+        parsed = _name_version(name)
+        fields, hashes = pinned.get(parsed[0], (None, set()))
+        if fields is None or fields[0] != f"{parsed[0]}=={parsed[1]}" or digest not in hashes:
+            raise Refused(f"{folder / 'requirements.lock'}: does not pin {name} with its SHA256SUMS digest")
+        digests.add(digest)
+    for fields, hashes in pinned.values():
+        if not hashes or not hashes <= digests:
+            raise Refused(f"{folder / 'requirements.lock'}: {fields[0]} has a hash of no listed file")
+    fairseq = _name_version(meta["fairseq"])[0]
+    build = {_normal(re.split(r"[<>=!~;\[ ]", b, maxsplit=1)[0]) for b in meta["build"]}
+    step_of = {}
+    for name in pinned:
+        step_of[name] = "fairseq" if name == fairseq else "torch" if name == "torch" else (
+            "build" if name in build else "install")  # fmt: skip
     plan = {
         "WH_PYTHON": meta["python"],
         "WH_TORCH": meta["torch"] or "",
         "WH_FAIRSEQ": str(folder / meta["fairseq"]),
         "WH_BUILD": " ".join(meta["build"]),
     }
+    if plan_dir is not None:
+        plan_dir = Path(plan_dir)
+        for step in STEPS:
+            lines = [" ".join(fields) for name, (fields, _) in sorted(pinned.items()) if step_of[name] == step]
+            path = plan_dir / f"{step}.lock"
+            path.write_text("".join(f"{line}\n" for line in lines))
+            plan[f"WH_LOCK_{step.upper()}"] = str(path)
     print("\n".join(f"{k}={shlex.quote(v)}" for k, v in plan.items()))
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv[:1] == ["check"] and len(argv) == 2:
-            check(argv[1])
+        if argv[:1] == ["check"] and len(argv) in (2, 3):
+            check(*argv[1:])
         elif argv[:1] == ["make"]:
             make(parse_args(argv[1:]))
         else:
-            raise Refused("usage: wheelhouse.py make [--python X.Y] [--platform TAG] --out DIR | check DIR")
+            raise Refused("usage: wheelhouse.py make [--python X.Y] [--platform TAG] --out DIR | check DIR [PLAN_DIR]")
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

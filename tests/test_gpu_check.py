@@ -2,7 +2,6 @@
 dry run (the GPU checks' code path on the CPU at tiny shape) passing every check."""
 
 import json
-import os
 import sys
 
 import pytest
@@ -125,51 +124,6 @@ def test_without_cuda_one_line_and_exit_0(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("gpu_check: no CUDA device on this machine"), proc.stdout
     assert "--dry-run" in lines[0]
     assert not (tmp_path / "out").exists()  # nothing written
-
-
-EXPECTED_CHECKS = (
-    ["generator"]
-    + [f"{kind} {name}" for name in OBJECTIVE_NAMES for kind in ("train", "bf16 vs fp32")]
-    + ["data parallel", "HF export", "encode bf16", "faiss"]
-)
-
-
-@pytest.mark.slow
-def test_dry_run_passes_every_check(tmp_path):
-    out = tmp_path / "out"
-    proc = _script("--dry-run", "--out", out)
-    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-    rep = json.loads((out / report.JSON_NAME).read_text())
-    assert rep["dry_run"] is True and rep["device"] == "cpu" and rep["passed"] is True and rep["failed"] == []
-    names = [c["name"].replace(" bf16", "", 1) if c["name"].startswith("train ") else c["name"] for c in rep["checks"]]
-    assert names == EXPECTED_CHECKS
-    assert {c["status"] for c in rep["checks"]} == {"pass"}
-    # the data-parallel check really ran 2 gloo processes
-    dp = next(c for c in rep["checks"] if c["name"] == "data parallel")
-    assert "2 processes (gloo)" in dp["detail"]
-    assert sorted(rep["objectives"]) == sorted(OBJECTIVE_NAMES)
-    for name, entry in rep["objectives"].items():
-        t = entry["training"]["bf16"]  # fairseq's mixed-precision trainer, on the CPU
-        assert t["batch"] == 8 and t["search"] == [[2, True], [4, True], [8, True]], name
-        assert len(t["losses"]) == 6 and t["losses"][-1] < t["losses"][0], name
-        assert t["overflows"] == 0 and t["peak_memory"] > 0 and t["words_per_second"] > 0, name
-        assert t["flops_per_token"] > 0 and 0 < t["mfu"] < 1, name
-        # the encoder's input tokens, each once: CPDAE's first view, recomputed in backward, is not a third
-        views = 2 if name == "cpdae" else 1
-        assert 0 < t["tokens_per_update"] <= t["batch"] * 48 * views, name
-        fixed = entry["fixed_batch"]["bf16"]
-        assert fixed["bands"] == [3e-2, 1.5e-1], name
-        assert fixed["relative_difference"]["loss"] <= 3e-2 and fixed["relative_difference"]["gnorm"] <= 1.5e-1, name
-        assert entry["projection"]["gpus"]["8"]["measured_hours"] > 0, name
-    assert rep["objectives"]["masked_lm"]["training"]["bf16"]["speed_vs_masked_lm"] == 1.0
-    assert rep["encoding"]["bf16"]["docs_per_second"] > 0
-    md = (out / report.MARKDOWN_NAME).read_text()
-    assert md.startswith("# gpu_check: PASSED (dry run on the CPU)")
-    for name in EXPECTED_CHECKS:
-        assert f"| {name}" in md
-    assert "## The paper's run (1,000,000 updates x 256 x 512 tokens), projected" in md
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["passed"] is True
-    assert os.path.isfile(out / "work" / "hf" / "config.json")
 
 
 class FakeRun:

@@ -38,15 +38,34 @@ def refused(proc):
     return lines[0]
 
 
-def fake_wheelhouse(folder, torch=None, python=HERE):
-    """A wheelhouse record as make_wheelhouse.sh writes it, around one small file."""
+FAKE_FILES = {
+    "fairseq_fixed-0.12.3.1.tar.gz": b"not really an sdist\n",
+    "setuptools-80.0.0-py3-none-any.whl": b"not really a wheel\n",
+    "tqdm-4.67.1-py3-none-any.whl": b"not really tqdm\n",
+}
+
+
+def fake_wheelhouse(folder, torch=None, python=HERE, files=FAKE_FILES):
+    """A wheelhouse as make_wheelhouse.sh writes it (record, SHA256SUMS, hashed lock), around small files."""
     folder.mkdir()
-    sdist = folder / "fairseq_fixed-0.12.3.1.tar.gz"
-    sdist.write_bytes(b"not really an sdist\n")
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    (folder / "SHA256SUMS").write_text(f"{digest}  {sdist.name}\n")
+    sums, lock = [], []
+    for name, content in sorted(files.items()):
+        (folder / name).write_bytes(content)
+        digest = hashlib.sha256(content).hexdigest()
+        sums.append(f"{digest}  {name}\n")
+        stem = name[: -len(".tar.gz")] if name.endswith(".tar.gz") else name
+        dist, version = stem.split("-")[:2] if name.endswith(".whl") else stem.rsplit("-", 1)
+        lock.append(f"{dist.replace('_', '-').lower()}=={version} --hash=sha256:{digest}\n")
+    (folder / "SHA256SUMS").write_text("".join(sums))
+    (folder / "requirements.lock").write_text("".join(sorted(lock)))
     (folder / "requirements.txt").write_text("tqdm\n")
-    meta = {"python": python, "torch": torch, "fairseq": sdist.name, "build": ["setuptools>=64", "wheel"]}
+    meta = {
+        "python": python,
+        "torch": torch,
+        "fairseq": "fairseq_fixed-0.12.3.1.tar.gz",
+        "build": ["setuptools>=64", "wheel"],
+        "files": [*sorted(files), "SHA256SUMS", "requirements.lock", "requirements.txt", "wheelhouse.json"],
+    }
     (folder / "wheelhouse.json").write_text(json.dumps(meta))
     return folder
 
@@ -62,6 +81,11 @@ def fake_venv(folder, with_torch):
 
 def commands(proc):
     return [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+
+
+def lock_lines(command):
+    """The hashed lock lines a dry-run install command reads (its ``-r FILE``, still there: check wrote it)."""
+    return command.split(" -r ", 1)[1] if " -r " in command else None
 
 
 # ---- make_wheelhouse.sh: bad input before any download ------------------------------------------
@@ -87,7 +111,9 @@ def test_make_wheelhouse_needs_out_and_never_takes_a_foreign_folder(tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me\n")
-    assert f"{foreign}: exists and is not a wheelhouse" in refused(bash(MAKE_WHEELHOUSE, "--out", foreign))
+    assert f"{foreign}: folder is not empty and was not written by make_wheelhouse.sh" in refused(
+        bash(MAKE_WHEELHOUSE, "--out", foreign)
+    )
     assert (foreign / "notes.txt").read_text() == "keep me\n"
 
 
@@ -121,11 +147,17 @@ def test_setup_env_keeps_the_installed_torch_even_when_the_wheelhouse_has_one(tm
     assert f"echo torch=={torch.__version__} > {venv}/torch-constraint.txt" in cmds
     installs = [c for c in cmds if " -m pip install " in c]
     assert len(installs) == 4, cmds
-    assert all(f"--no-index --find-links {wh}" in c for c in installs)
+    # the wheelhouse's files only through its hashed lock, one step at a time, no dependency resolution
+    for c in installs[:3]:
+        assert f"--no-index --find-links {wh} --require-hashes --no-deps" in c, c
     assert not any("torch==" in c.split(" -c ")[0] for c in installs)
     assert all(f" -c {venv}/torch-constraint.txt " in c for c in installs[1:])
+    assert installs[0].endswith("build.lock") and installs[1].endswith("install.lock")
     assert installs[2].startswith("env -u CUDA_HOME ")  # no nvcc for kernels text training never uses
-    assert installs[2].endswith(f"--no-deps {wh}/fairseq_fixed-0.12.3.1.tar.gz")
+    assert installs[2].endswith("fairseq.lock") and "--no-build-isolation" in installs[2]
+    # the plugin: no wheelhouse file can come in (no --find-links)
+    assert "--find-links" not in installs[3] and installs[3].endswith("--no-deps --no-build-isolation "
+                                                                      f"-c {venv}/torch-constraint.txt -e .")
 
 
 def test_setup_env_installs_the_wheelhouse_torch_only_where_none_is_importable(tmp_path):
@@ -133,7 +165,7 @@ def test_setup_env_installs_the_wheelhouse_torch_only_where_none_is_importable(t
     with_torch = fake_wheelhouse(tmp_path / "with", torch="torch==2.13.0")
     proc = bash(SETUP_ENV, "--wheelhouse", with_torch, "--dry-run", env={"VENV": str(venv)})
     assert proc.returncode == 0, proc.stderr
-    assert [c for c in commands(proc) if c.endswith(" torch==2.13.0")], proc.stdout
+    assert [c for c in commands(proc) if c.endswith("torch.lock")], proc.stdout
     without = fake_wheelhouse(tmp_path / "without")
     line = refused(bash(SETUP_ENV, "--wheelhouse", without, "--dry-run", env={"VENV": str(venv)}))
     assert "torch is not importable" in line and "--with-torch" in line
@@ -200,7 +232,7 @@ def test_air_gapped_install_trains(tmp_path):
     assert len(losses) >= 3 and all(math.isfinite(float(x)) for x in losses), trained.stderr[-3000:]
     assert (tmp_path / "ckpt" / "checkpoint_last.pt").is_file()
     print(
-        f"\nair-gapped install: wheelhouse {record['files']} files, {record['bytes'] / 1e6:.0f} MB; "
+        f"\nair-gapped install: wheelhouse {record['packages']} files, {record['bytes'] / 1e6:.0f} MB; "
         f"network {'removed (unshare -n)' if offline else 'still up (--no-index only)'}; "
         f"{time.monotonic() - start:.0f} s in all"
     )

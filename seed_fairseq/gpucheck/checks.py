@@ -12,7 +12,6 @@ weights.  The one-process run's checkpoint is also the one exported.
 import os
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..compare.interrupt import run_child
 from .runs import USER_DIR
 
 # one plain SGD step with learning rate 1: the weight change is the gradient (test_contract.SGD_ONE_STEP)
@@ -59,18 +59,28 @@ def child_env() -> Dict[str, str]:
     return env
 
 
+def train_program() -> str:
+    """The ``fairseq-train`` beside this interpreter (the venv's)."""
+    return str(Path(sys.executable).with_name("fairseq-train"))
+
+
 def fairseq_train(
     data, save_dir: Path, args: List[str], log_file: Path, say: Callable[[str], None], launcher=()
 ) -> Path:
-    """``fairseq-train DATA --save-dir SAVE_DIR ARGS`` (under ``launcher``), its output in ``log_file``."""
-    train = str(Path(sys.executable).with_name("fairseq-train"))
+    """``fairseq-train DATA --save-dir SAVE_DIR ARGS`` (under ``launcher``), its output in ``log_file``.
+
+    Run as the comparison runs its tools (``compare.interrupt.run_child``): in a process group of
+    its own, which is stopped whole (``torchrun`` and its workers) when gpu_check is interrupted or
+    its time budget runs out (``budget.OutOfTime``, raised during the wait), and asked to stop
+    when gpu_check dies."""
+    train = train_program()
     cmd = [*launcher, train, str(data), "--user-dir", USER_DIR, *args, "--save-dir", str(save_dir)]
     say(" ".join(shlex.quote(str(c)) for c in cmd))
     with open(log_file, "w", encoding="utf-8") as f:
-        proc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=child_env(), timeout=3600)
-    if proc.returncode != 0:
+        code = run_child([str(c) for c in cmd], f, child_env())
+    if code != 0:
         tail = Path(log_file).read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
-        raise CheckFailed(f"fairseq-train failed (exit {proc.returncode}; {log_file}): {' | '.join(tail)}")
+        raise CheckFailed(f"fairseq-train failed (exit {code}; {log_file}): {' | '.join(tail)}")
     return save_dir / "checkpoint_last.pt"
 
 
@@ -195,6 +205,15 @@ def faiss_equal(emb: np.ndarray, use_gpu: bool, k: int = 10, queries: int = 32) 
     if same < 0.99:
         raise CheckFailed(f"faiss neighbours differ: {same:.1%} of ids equal (< 99%)")
     return {"score_max_abs_diff": score_diff, "ids_equal": same, "queries": len(q), "k": k}
+
+
+def faiss_cpu_available() -> Optional[str]:
+    """None when faiss can be imported here, else why not."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return "faiss is not installed"
+    return None
 
 
 def faiss_gpu_available() -> Optional[str]:

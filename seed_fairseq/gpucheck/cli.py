@@ -17,23 +17,39 @@ The stages, each a parameter of one code path (``profile.py``):
 5. the HF export of that run, and HF vs fairseq on the device;
 6. corpus encoding docs/s per precision; faiss-gpu vs faiss-cpu search.
 
+With ``--budget-seconds`` the whole run ends inside the budget (``budget.py``): the training runs
+share the time left, each takes as many updates as its share allows after measuring its own
+update time in the batch search, and a check left without time is reported as *not run*.  The
+report is rewritten after every check, so a run that is killed still leaves one (``RUNNING``).
+
+Children (``fairseq-train``, ``torchrun`` and its workers) run in process groups of their own and
+are stopped with gpu_check (``compare.interrupt``): on Ctrl-C, SIGTERM or SIGHUP, and when the
+budget runs out.
+
 Exit status: 0 all passed (or no CUDA device without --dry-run: one line says so), 1 a check
-failed, 2 bad input (``error: FILE: problem``).
+failed, 2 bad input (``error: FILE: problem``, before anything is written; also a data set that
+cannot be built: non-UTF-8 text, a vocabulary the text cannot give, a full disk), 3 no check failed
+but some were not run (out of time), 128 + N interrupted by signal N (the report says what ran).
 """
 
 import argparse
 import json
+import math
 import shutil
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from ..compare.interrupt import Interrupted, handle_interrupts
+from ..errors import ENVIRONMENT_ERRNOS
 from ..fileio import OutputError, check_output_dir, write_json_atomic, write_text_atomic
 from . import report
+from .budget import MIN_UPDATES, Budget, OutOfTime, updates_that_fit
 from .profile import BASELINE, Profile, cuda_profile, dry_run_profile, generator_setup, setups
-from .report import FAIL, PASS, SKIP, Check
+from .report import FAIL, NOT_RUN, PASS, SKIP, Check
 from .search import largest_batch
 
 TOOL = "seed_fairseq.gpucheck"
@@ -44,14 +60,51 @@ DEMO_CORPUS = Path(__file__).resolve().parents[2] / "examples" / "data" / "demo_
 BANDS = {"fp32": (1e-6, 1e-5), "fp16": (1e-2, 5e-2), "bf16": (3e-2, 1.5e-1)}
 ENCODE_BATCH = {"cuda": 256, "cpu": 16}
 DP_OBJECTIVE = "seed"  # the objective of the data-parallel check and the export (no in-batch terms)
+MAX_VOCAB = 2**31 - 1  # sentencepiece's vocab_size is an int32
+EXIT_NOT_RUN = 3  # no check failed, some were not run
+
+
+class InputError(Exception):
+    """Bad input found before anything is written: ``error: PATH: problem``, exit 2."""
+
+    def __init__(self, path, problem: str):
+        super().__init__(f"{path}: {problem}")
 
 
 def say(msg: str) -> None:
     print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and status 2, the project's rule for bad input
+        self.exit(2, f"error: {message}\n")
+
+
+def _positive_number(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: not a number") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number above 0")
+    return x
+
+
+def _int_in(low: int, high: int, why: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text}: not a whole number") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"{text}: out of range ({why})")
+        return n
+
+    return parse
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gpu_check",
         description="Verify training, precision, data parallelism, export and search on this CUDA machine "
         "(no network); writes OUT/gpu_check.json and OUT/gpu_check.md. See docs/gpu.md.",
@@ -62,19 +115,49 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         action="store_true",
         help="the same checks on the CPU at tiny shape (bf16 only: fp16 needs CUDA; gloo for NCCL, faiss-cpu twice)",
     )
-    p.add_argument("--updates", type=int, default=None, help="updates per objective and precision (default 30)")
-    p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak (default: by its name)")
-    p.add_argument("--objectives", default=None, help="comma-separated names (default: all, and masked_lm)")
-    p.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="the text the data set is built from")
     p.add_argument(
-        "--vocab-size", type=int, default=None, help="sentencepiece pieces (default: 16384 on CUDA, 500 in the dry run)"
+        "--updates",
+        type=_int_in(MIN_UPDATES, 10**6, f"at least {MIN_UPDATES}: losses falling compares the first and last third"),
+        default=None,
+        help="updates per objective and precision (default 30; with --budget-seconds, at most this many)",
     )
-    args = p.parse_args(argv)
-    if args.updates is not None and args.updates < 3:
-        p.error("--updates must be at least 3 (losses falling compares the first and last third)")
-    if args.peak_tflops is not None and args.peak_tflops <= 0:
-        p.error("--peak-tflops must be positive")
-    return args
+    p.add_argument(
+        "--peak-tflops", type=_positive_number, default=None, help="the device's dense peak (default: by its name)"
+    )
+    p.add_argument(
+        "--budget-seconds",
+        type=_positive_number,
+        default=None,
+        help="the whole run ends inside this many seconds: updates are chosen to fit, and a check left "
+        "without time is reported as not run (exit 3 when nothing failed)",
+    )
+    p.add_argument("--objectives", default=None, help="comma-separated names (default: all, and masked_lm)")
+    p.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="the text the data set is built from (UTF-8)")
+    p.add_argument(
+        "--vocab-size",
+        type=_int_in(1, MAX_VOCAB, "sentencepiece takes 1 to 2^31 - 1; the text decides the real bounds"),
+        default=None,
+        help="sentencepiece pieces (default: 16384 on CUDA, 500 in the dry run)",
+    )
+    return p.parse_args(argv)
+
+
+def check_corpus(path: Path) -> None:
+    """:class:`InputError` unless ``path`` is a readable UTF-8 text file (checked before anything is written)."""
+    if not path.is_file():
+        raise InputError(path, "corpus not found (pass --corpus FILE)")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputError(path, f"cannot be read: {e.strerror}") from None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        problem = f"line {line}: not valid UTF-8 ({e.reason} at byte {e.start}); --corpus must be UTF-8 text"
+        raise InputError(path, problem) from None
+    if not data.strip():
+        raise InputError(path, "is empty: --corpus needs text")
 
 
 def fail_line(e: BaseException) -> str:
@@ -83,26 +166,64 @@ def fail_line(e: BaseException) -> str:
 
 
 class GpuCheck:
-    def __init__(self, profile: Profile, out: Path, corpus: Path, only: Optional[List[str]]):
+    def __init__(
+        self,
+        profile: Profile,
+        out: Path,
+        corpus: Path,
+        only: Optional[List[str]],
+        budget: Optional[Budget] = None,
+    ):
         self.p, self.out, self.corpus, self.only = profile, out, corpus, only
+        self.budget = budget or Budget(None)
+        self.start = time.time()
         self.work = out / "work"
         self.data = out / "data-bin"
         self.checks: List[Check] = []
         self.objectives: Dict[str, Dict] = {}
         self.first_updates: Dict[tuple, Dict[str, float]] = {}
+        self.found_batch: Dict[str, int] = {}  # objective -> the batch its first precision found
+        self.planned: List[str] = []  # every check's name, in order (set by run)
+        self.cheapest_run: Optional[float] = None  # seconds of the quickest training run (and comparison) so far
 
     def add(self, check: Check) -> Check:
         self.checks.append(check)
         say(f"{check.status.upper()} {check.name}: {check.detail}")
+        self.write_report(running=True)  # a killed run still leaves the checks it finished
         return check
 
+    def report(self, running: bool = False) -> Dict:
+        result = report.build(
+            self.p, self.checks, self.objectives, time.time() - self.start, self.budget.seconds, running=running
+        )
+        result["encoding"] = getattr(self, "encoding_results", {})
+        return result
+
+    def write_report(self, running: bool = False) -> Dict:
+        result = self.report(running)
+        report.write(self.out, result)
+        return result
+
+    def not_run(self, why: str) -> None:
+        """Every planned check that has no line yet: ``not run`` with ``why``."""
+        done = {c.name for c in self.checks}
+        missing = [name for name in self.planned if name not in done]
+        for name in missing:
+            self.checks.append(Check(name, NOT_RUN, why))
+        if missing:
+            say(f"NOT RUN {len(missing)} checks: {why}")
+
     def attempt(self, name: str, fn: Callable[..., Check], *args) -> Optional[Check]:
-        """``fn(*args)``'s check; an exception is this check failing (the others still run)."""
+        """``fn(*args)``'s check; an exception is this check failing (the others still run); no time
+        left before or during it, ``not run``."""
         from .checks import CheckFailed
         from .runs import Unsupported
 
         try:
-            return self.add(fn(*args))
+            with self.budget.deadline(name):
+                return self.add(fn(*args))
+        except OutOfTime as e:
+            return self.add(Check(name, NOT_RUN, str(e)))
         except Unsupported as e:
             return self.add(Check(name, SKIP, str(e)))
         except CheckFailed as e:
@@ -122,7 +243,17 @@ class GpuCheck:
             body = self.corpus.read_text(encoding="utf-8").rstrip("\n")
             write_text_atomic(text, "\n\n".join([body] * self.p.corpus_copies) + "\n")
         say(f"data: preprocess.build of {text} -> {self.data}")
-        build(self.data, text=[text], vocab_size=self.p.vocab_size, valid_docs=3, test_docs=2, workers=1)
+        # one paragraph per line: sentence splitting needs blingfire (a 40 MB wheel, not on the GPU image nor
+        # in the device bundle); with --sample-break-mode none the blocks are the same token stream either way
+        build(
+            self.data,
+            text=[text],
+            vocab_size=self.p.vocab_size,
+            valid_docs=3,
+            test_docs=2,
+            workers=1,
+            line_unit="paragraph",
+        )
 
     def make_generator(self) -> Check:
         from .runs import save_generator
@@ -132,25 +263,56 @@ class GpuCheck:
         save_generator(self.data, self.p.train_args(list(g.args), self.p.reference, 2, 1), self.p.device, path)
         return Check("generator", PASS, f"SimLM's frozen generator (untrained, {' '.join(g.args[5:])}): {path}")
 
-    def train_objective(self, name: str, setup: List[str], precision: str) -> Check:
+    def train_objective(self, name: str, setup: List[str], precision: str, share: float = math.inf) -> Check:
+        """The batch search, then as many updates (up to ``p.updates``) as ``share`` seconds allow after
+        the search, with room for the fixed-batch comparison that follows."""
         from .runs import fits, train
 
         check_name = f"train {name} {precision}"
+        until = time.monotonic() + share
         probe_args = self.p.train_args(setup, precision, self.p.batch_start, self.p.updates)
         probe = fits(self.data, probe_args, self.p.device)
+        # the second precision starts where the first one ended (16-bit activations either way): one probe
+        start = self.found_batch.get(name, self.p.batch_start)
+        limit = start if name in self.found_batch else self.p.batch_limit
         try:
-            batch, tried = largest_batch(probe, self.p.batch_start, self.p.batch_limit, self.p.batch_probes)
+            batch, tried = largest_batch(probe, start, limit, self.p.batch_probes)
         finally:
             probe.close()
         entry = self.objectives.setdefault(name, {}).setdefault("training", {})
         if batch == 0:
             entry[precision] = {"batch": 0, "search": tried}
             return Check(check_name, FAIL, f"no batch fits (tried {tried})")
-        args = self.p.train_args(setup, precision, batch, self.p.updates)
-        t = train(self.data, args, self.p.device, self.p.updates, batch)
+        self.found_batch.setdefault(name, batch)
+        updates = self.p.updates
+        if self.budget.limited:
+            build, step = probe.timings.get("build", 0.0), probe.timings.get(batch, 0.0)
+            compare = (build + step) * (1 if (name, self.p.reference) in self.first_updates else 2)
+            # the run's own build and its first update, counted under FlopCounterMode (slower), then the rest
+            overhead = build + 3 * step
+            updates = updates_that_fit(until - time.monotonic() - compare, step, overhead, self.p.updates)
+            if not updates:
+                # its share holds fewer than the minimum: the minimum, if what is left of the whole budget
+                # holds it (the runs after it get less; the last ones may not run, rather than all of them)
+                whole = self.budget.left() - self.p.tail_seconds
+                updates = updates_that_fit(whole - compare, step, overhead, MIN_UPDATES)
+                until = time.monotonic() + whole
+                if not updates:
+                    entry[precision] = {"batch": batch, "search": tried}
+                    raise OutOfTime(
+                        f"not run: {max(0.0, whole):.0f} s of the time budget were left for the training runs "
+                        f"after its batch search: fewer than {MIN_UPDATES} updates of {step:.2f} s (batch {batch}) "
+                        "and the fixed-batch check"
+                    )
+            until -= compare
+        args = self.p.train_args(setup, precision, batch, updates)
+        t = train(self.data, args, self.p.device, updates, batch, until=until if self.budget.limited else None)
         peak = self.p.peak(precision)
         values = {
             "batch": batch,
+            "updates": t.updates,
+            "updates_planned": updates,
+            "stopped_early": t.stopped_early,
             "search": tried,
             "losses": t.losses,
             "gnorms": t.gnorms,
@@ -179,6 +341,8 @@ class GpuCheck:
             f"batch {batch} x {self.p.tokens_per_sample}; loss {t.losses[0]:.3f} -> {t.losses[-1]:.3f}; "
             f"{t.overflows} overflows; peak {mem}; {t.words_per_second:,.0f} words/s"
             + (f"; MFU {values['mfu']:.1%}" if values["mfu"] is not None else "")
+            + f"; {t.updates} updates"
+            + (" (its share of the time budget ended)" if t.stopped_early else "")
         )
         return Check(check_name, FAIL if problems else PASS, "; ".join(problems + [detail]), {"batch": batch})
 
@@ -216,6 +380,8 @@ class GpuCheck:
                     r["speed_vs_masked_lm"] = r["words_per_second"] / b["words_per_second"]
                 if b.get("flops_per_token") and r.get("flops_per_token"):
                     r["flops_vs_masked_lm"] = r["flops_per_token"] / b["flops_per_token"]
+                if b.get("peak_memory") and r.get("peak_memory"):
+                    r["memory_vs_masked_lm"] = r["peak_memory"] / b["peak_memory"]
             r = entry.get("training", {}).get(first)
             if r and r.get("flops_per_token"):
                 entry["projection"] = report.projection(
@@ -288,14 +454,13 @@ class GpuCheck:
         )
 
     def faiss(self) -> Check:
-        from .checks import faiss_equal, faiss_gpu_available
+        from .checks import faiss_cpu_available, faiss_equal, faiss_gpu_available
 
         if getattr(self, "embeddings", None) is None:
             return Check("faiss", SKIP, "no embeddings (the encoding failed)")
-        if self.p.device == "cuda":
-            why = faiss_gpu_available()
-            if why:
-                return Check("faiss", SKIP, why)
+        why = faiss_gpu_available() if self.p.device == "cuda" else faiss_cpu_available()
+        if why:  # the lent GPU machine's image has no faiss, nor does its bundle
+            return Check("faiss", SKIP, why)
         got = faiss_equal(self.embeddings, use_gpu=self.p.device == "cuda")
         other = "faiss-gpu" if self.p.device == "cuda" else "a second faiss-cpu index"
         return Check(
@@ -307,39 +472,65 @@ class GpuCheck:
         )
 
     def prepare(self) -> None:
-        """The scratch folder and the data set; ``ValueError`` (``PATH: problem``) for bad input."""
-        self.start = time.time()
+        """The scratch folder and the data set: ``PreprocessError`` / ``OutputError`` for data that cannot
+        be built, ``OSError`` for a full disk or another error of the machine."""
         if self.work.exists():
             shutil.rmtree(self.work)  # this tool's own scratch folder (the record says the folder is ours)
         self.work.mkdir(parents=True)
         self.build_data()
 
     def run(self) -> Dict:
-        start = self.start
         generator = self.work / "generator.pt"
-        got = self.attempt("generator", self.make_generator)
         all_setups = setups(self.p, str(generator))
         self.setup_args = {s.name: list(s.args) for s in all_setups}
         chosen = [s for s in all_setups if not self.only or s.name in self.only or s.name == BASELINE]
+        # precision by precision: the first (fp16 on CUDA, the papers') for every objective before the next,
+        # so that a short budget leaves out the second precision's runs, not the papers' one
+        runs = [(s, precision) for precision in self.p.precisions for s in chosen]
+        ref = self.p.reference
+        self.planned = [
+            "generator",
+            *[f"train {p}" for p in self.p.skipped_precisions],
+            *[n for s, p in runs for n in (f"train {s.name} {p}", f"{p} vs {ref} {s.name}")],
+            "data parallel",
+            "HF export",
+            *[f"encode {p}" for p in self.p.precisions],
+            "faiss",
+        ]
+        got = self.attempt("generator", self.make_generator)
         for precision, why in self.p.skipped_precisions.items():
             self.add(Check(f"train {precision}", SKIP, why))
-        for s in chosen:
+        for i, (s, precision) in enumerate(runs):
             if "--generator-path" in s.args and got.status != PASS:
-                self.add(Check(f"train {s.name}", FAIL, "no generator (see the generator check)"))
+                for name in (f"train {s.name} {precision}", f"{precision} vs {ref} {s.name}"):
+                    self.add(Check(name, FAIL, "no generator (see the generator check)"))
                 continue
-            for precision in self.p.precisions:
-                self.attempt(f"train {s.name} {precision}", self.train_objective, s.name, list(s.args), precision)
-                name = f"{precision} vs {self.p.reference} {s.name}"
-                self.attempt(name, self.compare_precision, s.name, list(s.args), precision)
+            # this run's share of what is left; the checks after the training runs keep their time
+            share = self.budget.share(len(runs) - i, self.p.tail_seconds)
+            began = time.monotonic()
+            quickest = self.cheapest_run
+            if quickest is not None and self.budget.left() - self.p.tail_seconds < quickest:  # why search then
+                why = f"{self.budget.out_of_time('it')}: the quickest training run so far took {quickest:.0f} s"
+                self.add(Check(f"train {s.name} {precision}", NOT_RUN, why))
+                self.add(Check(f"{precision} vs {ref} {s.name}", NOT_RUN, "not run: no time was left for its training"))
+                continue
+            trained = self.attempt(
+                f"train {s.name} {precision}", self.train_objective, s.name, list(s.args), precision, share
+            )
+            compare = f"{precision} vs {ref} {s.name}"
+            if trained is not None and trained.status == NOT_RUN:  # its time went: the comparison's too
+                self.add(Check(compare, NOT_RUN, f"not run: no time was left for its training run ({trained.detail})"))
+                continue
+            self.attempt(compare, self.compare_precision, s.name, list(s.args), precision)
+            took = time.monotonic() - began
+            self.cheapest_run = took if quickest is None else min(quickest, took)
         self.ratios_and_projection()
         self.attempt("data parallel", self.data_parallel)
         self.attempt("HF export", self.export)
         for precision in self.p.precisions:
             self.attempt(f"encode {precision}", self.encoding, precision)
         self.attempt("faiss", self.faiss)
-        result = report.build(self.p, self.checks, self.objectives, time.time() - start)
-        result["encoding"] = getattr(self, "encoding_results", {})
-        return result
+        return self.write_report()
 
 
 def _without(args: List[str], options) -> List[str]:
@@ -357,6 +548,7 @@ def _without(args: List[str], options) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    budget = Budget(args.budget_seconds)  # from the start: imports and the data set count too
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():
@@ -365,8 +557,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             "--dry-run runs the same checks on the CPU at tiny shape"
         )
         return 0
-    if not args.corpus.is_file():
-        print(f"error: {args.corpus}: corpus not found (pass --corpus FILE)", file=sys.stderr)
+    try:
+        check_corpus(args.corpus)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     only = [n.strip() for n in args.objectives.split(",") if n.strip()] if args.objectives else None
     if only:
@@ -380,10 +574,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(
-        args.out / RECORD, {"tool": TOOL, "files": ["data-bin", "work", report.JSON_NAME, report.MARKDOWN_NAME]}
-    )
     if args.dry_run:
         profile = dry_run_profile(args.peak_tflops)
     else:
@@ -392,18 +582,54 @@ def main(argv: Optional[List[str]] = None) -> int:
         profile.updates = args.updates
     if args.vocab_size:
         profile.vocab_size = args.vocab_size
-    say(f"{profile.device_name} x {max(1, profile.gpus)}: precisions {', '.join(profile.precisions)}; out {args.out}")
-    check = GpuCheck(profile, args.out, args.corpus, only)
+    check = GpuCheck(profile, args.out, args.corpus, only, budget)
+    with handle_interrupts():
+        try:
+            return _run(check, args, profile, budget)
+        except Interrupted as e:
+            name = signal.Signals(e.signum).name
+            check.not_run(f"not run: gpu_check was interrupted ({name})")
+            if args.out.is_dir():
+                check.write_report()
+            where = args.out / report.MARKDOWN_NAME
+            print(f"interrupted ({name}); the report lists what ran: {where}", file=sys.stderr)
+            return e.exit_code
+
+
+def _run(check: GpuCheck, args: argparse.Namespace, profile: Profile, budget: Budget) -> int:
+    from preprocess.errors import PreprocessError, environment_problem
+
     try:
-        check.prepare()
-    except ValueError as e:  # preprocess.errors.PreprocessError, fileio.OutputError: "PATH: problem"
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(
+            args.out / RECORD, {"tool": TOOL, "files": ["data-bin", "work", report.JSON_NAME, report.MARKDOWN_NAME]}
+        )
+        budget_text = f"; budget {budget.seconds:g} s" if budget.limited else ""
+        say(f"{profile.device_name} x {max(1, profile.gpus)}: precisions {', '.join(profile.precisions)}; "
+            f"out {args.out}{budget_text}")  # fmt: skip
+        with budget.deadline("the data set"):
+            check.prepare()
+    except (PreprocessError, OutputError) as e:  # "PATH: problem": text the data set cannot be built from
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, the file-size limit, permissions: one line naming the file
+        if e.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        print(f"error: {e.filename or args.out}: {environment_problem(e)}", file=sys.stderr)
+        return 2
+    except OutOfTime as e:
+        print(f"error: {args.out}: the data set was not built within the time budget ({e})", file=sys.stderr)
+        return EXIT_NOT_RUN
     result = check.run()
-    report.write(args.out, result)
-    status = "passed" if result["passed"] else f"FAILED: {', '.join(result['failed'])}"
+    if result["failed"]:
+        status = f"FAILED: {', '.join(result['failed'])}"
+    elif result["not_run"]:
+        status = f"INCOMPLETE: not run (out of time): {', '.join(result['not_run'])}"
+    else:
+        status = "passed"
     say(f"{status}; report {args.out / report.MARKDOWN_NAME}")
-    print(
-        json.dumps({"passed": result["passed"], "failed": result["failed"], "report": str(args.out / report.JSON_NAME)})
-    )
-    return 0 if result["passed"] else 1
+    summary = {"passed": result["passed"], "failed": result["failed"], "not_run": result["not_run"]}
+    print(json.dumps({**summary, "report": str(args.out / report.JSON_NAME)}))
+    if result["failed"]:
+        return 1
+    return EXIT_NOT_RUN if result["not_run"] else 0

@@ -4,6 +4,7 @@
 written atomically (``seed_fairseq/fileio``).  ``docs/gpu.md`` explains every line.
 """
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -14,6 +15,7 @@ from .profile import ASSUMED_MFU, PROJECTION_GPUS, RECIPE_BLOCKS, RECIPE_TOKENS,
 JSON_NAME = "gpu_check.json"
 MARKDOWN_NAME = "gpu_check.md"
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+NOT_RUN = "not run"  # no time was left for it (--budget-seconds), or the run was interrupted: neither passed nor failed
 
 
 @dataclass
@@ -21,7 +23,7 @@ class Check:
     """One line of the report."""
 
     name: str  # e.g. "train seed fp16", "fp16 vs fp32 seed", "data parallel", "faiss"
-    status: str  # pass / fail / skip
+    status: str  # pass / fail / skip / not run
     detail: str  # one line: what was measured, or why it failed / was skipped
     values: Dict[str, Any] = field(default_factory=dict)
 
@@ -54,8 +56,18 @@ def projection(flops_per_token: float, words_per_second: Optional[float], peak_t
     }
 
 
-def build(profile: Profile, checks: List[Check], objectives: Dict[str, Any], seconds: float) -> Dict[str, Any]:
+def build(
+    profile: Profile,
+    checks: List[Check],
+    objectives: Dict[str, Any],
+    seconds: float,
+    budget: Optional[float] = None,
+    running: bool = False,
+) -> Dict[str, Any]:
+    """The report.  ``passed`` only when every check ran and none failed; ``not_run`` lists the checks
+    the budget (or an interrupt) left out; ``running``: written while checks are still to come."""
     failed = [c.name for c in checks if c.status == FAIL]
+    not_run = [c.name for c in checks if c.status == NOT_RUN]
     return {
         "tool": "seed_fairseq.gpucheck",
         "dry_run": profile.dry_run,
@@ -63,8 +75,11 @@ def build(profile: Profile, checks: List[Check], objectives: Dict[str, Any], sec
         "device_name": profile.device_name,
         "gpus": profile.gpus,
         "profile": {k: v for k, v in asdict(profile).items()},
-        "passed": not failed,
+        "passed": not failed and not not_run and not running,
         "failed": failed,
+        "not_run": not_run,
+        "running": running,
+        "budget_seconds": budget,
         "seconds": seconds,
         "checks": [asdict(c) for c in checks],
         "objectives": objectives,
@@ -79,36 +94,66 @@ def _fmt(x: Optional[float], digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def verdict(report: Dict[str, Any]) -> str:
+    """PASSED (every check ran, none failed), FAILED (one failed), INCOMPLETE (none failed, some did not
+    run: out of time or interrupted), RUNNING (the report of a run still going, or killed)."""
+    if report["failed"]:
+        return "FAILED"
+    if report.get("running"):
+        return "RUNNING"
+    return "INCOMPLETE" if report.get("not_run") else "PASSED"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as None: strict JSON has no NaN or Infinity (a check whose
+    loss was not finite says so in its detail)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def markdown(report: Dict[str, Any]) -> str:
     p = report["profile"]
+    budget = report.get("budget_seconds")
     lines = [
-        f"# gpu_check: {'PASSED' if report['passed'] else 'FAILED'}"
-        + (" (dry run on the CPU)" if p["dry_run"] else ""),
+        f"# gpu_check: {verdict(report)}" + (" (dry run on the CPU)" if p["dry_run"] else ""),
         "",
         f"Device: {report['device_name']} x {max(1, report['gpus'])} ({report['device']}); precisions "
         f"{', '.join(p['precisions'])} vs {p['reference']}; blocks of {p['tokens_per_sample']}; "
-        f"{p['updates']} updates per run; {report['seconds']:.0f} s in all. What each line means: docs/gpu.md.",
+        f"at most {p['updates']} updates per run; {report['seconds']:.0f} s in all"
+        + (f" of a {budget:g} s budget" if budget else "")
+        + ". What each line means: docs/gpu.md.",
         "",
     ]
     if report["failed"]:
         lines += [f"Failed: {', '.join(report['failed'])}", ""]
+    if report.get("not_run"):
+        lines += [f"Not run (out of time or interrupted): {', '.join(report['not_run'])}", ""]
+    if report.get("running"):
+        lines += ["Written while checks were still running: the run was stopped, or is not finished.", ""]
     lines += ["## Checks", "", "| check | status | detail |", "|---|---|---|"]
     lines += [f"| {c['name']} | {c['status']} | {c['detail']} |" for c in report["checks"]]
     lines += [
         "",
         "## Training, per objective and precision",
         "",
-        "| objective | precision | batch | loss first -> last | overflows | peak memory (GB) | words/s | "
-        "x masked_lm words/s | GFLOP/token | MFU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| objective | precision | batch | updates | loss first -> last | overflows | peak memory (GB) | "
+        "x masked_lm memory | words/s | x masked_lm words/s | GFLOP/token | MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, per in report["objectives"].items():
         for precision, r in per.get("training", {}).items():
             losses = r.get("losses") or [None]
             mfu = r.get("mfu")
             lines.append(
-                f"| {name} | {precision} | {r.get('batch', '-')} | {_fmt(losses[0])} -> {_fmt(losses[-1])} | "
+                f"| {name} | {precision} | {r.get('batch', '-')} | {len(r.get('losses') or [])} | "
+                f"{_fmt(losses[0])} -> {_fmt(losses[-1])} | "
                 f"{r.get('overflows', '-')} | {_fmt((r.get('peak_memory') or 0) / 1e9)} | "
+                f"{_fmt(r.get('memory_vs_masked_lm'))} | "
                 f"{_fmt(r.get('words_per_second'))} | {_fmt(r.get('speed_vs_masked_lm'))} | "
                 f"{_fmt(r.get('flops_per_token', 0) / 1e9)} | {'-' if mfu is None else f'{mfu:.1%}'} |"
             )
@@ -148,5 +193,5 @@ def markdown(report: Dict[str, Any]) -> str:
 
 
 def write(out: Path, report: Dict[str, Any]) -> None:
-    write_json_atomic(out / JSON_NAME, report)
+    write_json_atomic(out / JSON_NAME, json_safe(report))
     write_text_atomic(out / MARKDOWN_NAME, markdown(report))

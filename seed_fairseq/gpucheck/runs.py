@@ -259,13 +259,16 @@ def fits(data, args: List[str], device: str) -> Callable[[int], bool]:
     """The batch search's predicate for one configuration: one update of ``blocks`` blocks runs without
     running out of memory (one probe run reused; the caller closes it with ``fits.close()``)."""
     state = {}
+    timings: Dict = {}  # "build": seconds to build the run; blocks: seconds of the update that fitted
 
     def probe(blocks: int) -> bool:
         if "run" not in state:
+            start = time.perf_counter()
             state["run"] = Run(data, args, device)
+            timings["build"] = time.perf_counter() - start
         run = state["run"]
         try:
-            run.step(run.sample_of(blocks), raise_oom=True)
+            timings[blocks] = run.step(run.sample_of(blocks), raise_oom=True)["seconds"]
             return True
         except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one
             if not _is_oom(e):
@@ -281,6 +284,7 @@ def fits(data, args: List[str], device: str) -> Callable[[int], bool]:
             state.pop("run").close()
 
     probe.close = close
+    probe.timings = timings
     return probe
 
 
@@ -299,6 +303,7 @@ class Training:
     seconds: float = 0.0  # wall time of the timed updates (all but the first, which also counts FLOPs)
     flops_per_token: float = 0.0
     tokens_per_update: float = 0.0
+    stopped_early: bool = False  # the run's share of the time budget ended before its updates did
 
     @property
     def finite(self) -> bool:
@@ -325,15 +330,22 @@ class Training:
         return self.flops_per_token * self.words_per_second / (peak_tflops * 1e12)
 
 
-def train(data, args: List[str], device: str, updates: int, batch: int) -> Training:
+def train(
+    data, args: List[str], device: str, updates: int, batch: int, until: Optional[float] = None, minimum: int = 3
+) -> Training:
     """``updates`` updates of one configuration (``args`` hold its --batch-size): the first counts the
-    FLOPs (not timed: it also warms the device up), the others are timed."""
+    FLOPs (not timed: it also warms the device up), the others are timed.  ``until``: a
+    ``time.monotonic()`` after which no update starts once ``minimum`` ran (the run's share of the
+    time budget; ``stopped_early`` then says so)."""
     run = Run(data, args, device)
     result = Training(batch=batch, updates=updates)
     try:
         reset_peak_memory(device)
         run.cuda_peak = 0
         for i in range(updates):
+            if until is not None and i >= minimum and time.monotonic() >= until:
+                result.stopped_early, result.updates = True, i
+                break
             sample = run.next_sample()
             if i == 0:
                 values = run.counted_step(sample)

@@ -12,7 +12,6 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-import faiss
 import numpy as np
 import torch
 
@@ -23,6 +22,7 @@ from .data import DataFormatError
 from .representations import Representation
 
 if TYPE_CHECKING:
+    import faiss
     from sentence_transformers import SentenceTransformer
 
     from .representations import Retriever
@@ -314,12 +314,14 @@ def build_index(
     hnsw_m: int = 32,
     nprobe: int = 32,
     ef_search: int = 128,
-) -> faiss.Index:
+) -> "faiss.Index":
     """An inner-product faiss index over ``emb``; trains IVF/PQ on ``emb`` itself.
 
     Raises :class:`SearchError` for an empty ``emb`` (faiss would fail an
     assertion) and for settings faiss refuses.
     """
+    import faiss  # here, not at the top: encoding needs no faiss (the GPU image has none)
+
     if emb.ndim != 2 or emb.shape[0] == 0:
         raise SearchError("cannot build an index over an empty corpus")
     # IVF needs fewer lists than training vectors; shrink rather than fail on small corpora
@@ -349,11 +351,12 @@ def _faiss_message(e: Exception) -> str:
     return useful[0] if useful else type(e).__name__
 
 
-def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, hnsw_m: int = 32) -> faiss.Index:
+def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, hnsw_m: int = 32) -> "faiss.Index":
     """An empty, untrained inner-product index; :class:`SearchError` for a spec faiss refuses.
 
     Cheap, so callers check ``--index`` with it before encoding a corpus.
     """
+    import faiss
     for name, value in (("nlist", nlist), ("pq_m", pq_m), ("hnsw_m", hnsw_m)):
         if value < 1:
             raise SearchError(f"{name} must be >= 1, got {value}")
@@ -367,7 +370,7 @@ def make_index(dim: int, kind: str = "flat", nlist: int = 1024, pq_m: int = 64, 
         ) from None
 
 
-def search(index: faiss.Index, queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
+def search(index: "faiss.Index", queries: np.ndarray, k: int, batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
     """(scores, ids), each (n_queries, k'); k' = min(k, index size)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")

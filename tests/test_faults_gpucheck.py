@@ -1,0 +1,272 @@
+"""gpu_check's faults (issue 32, items 9 and 12; issue 35's time budget).
+
+Item 9: Ctrl-C during the data-parallel check left two torchrun workers waiting in rendezvous.
+gpu_check's children now run as the comparison's do (``compare.interrupt.run_child``): a process
+group of their own, stopped whole when gpu_check is interrupted.
+
+Item 12: the data preparation (non-UTF-8 ``--corpus``, ``--vocab-size`` out of range, a full disk)
+gave tracebacks with exit 1, the status of a failed check; ``--peak-tflops nan`` was accepted and
+the JSON held NaN.  Now: one ``error:`` line and exit 2 (before anything is written where the input
+alone decides), finite numbers only, and a JSON that strict readers accept.
+
+The budget: a check left without time is "not run" (exit 3), never "fail".
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+from seed_fairseq.gpucheck import budget as budget_mod
+from seed_fairseq.gpucheck import cli, report
+from seed_fairseq.gpucheck.profile import dry_run_profile
+
+
+def one_error_line(capsys, code, expected_code=2):
+    """The one ``error:`` line (gpu_check's progress lines, ``[gpu_check HH:MM:SS] ...``, aside)."""
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("[gpu_check ")]
+    assert code == expected_code, err
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+# ---- item 12: bad numbers and data that cannot be built -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option, value, says",
+    [
+        ("--peak-tflops", "nan", "nan: must be a finite number above 0"),
+        ("--peak-tflops", "inf", "inf: must be a finite number above 0"),
+        ("--peak-tflops", "-3", "-3: must be a finite number above 0"),
+        ("--budget-seconds", "nan", "nan: must be a finite number above 0"),
+        ("--vocab-size", "0", "0: out of range"),
+        ("--vocab-size", str(2**31), f"{2**31}: out of range"),
+        ("--updates", "2", "2: out of range"),
+    ],
+)
+def test_bad_numbers_are_one_error_line_before_anything(tmp_path, capsys, option, value, says):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--dry-run", "--out", str(out), option, value])
+    line = one_error_line(capsys, e.value.code)
+    assert option in line and says in line, line
+    assert not out.exists()
+
+
+def test_a_corpus_that_is_not_utf8_is_one_error_line_before_anything(tmp_path, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Une tasse de café.\n\nDeux.\n".encode("latin-1"))
+    out = tmp_path / "out"
+    line = one_error_line(capsys, cli.main(["--dry-run", "--out", str(out), "--corpus", str(bad)]))
+    assert line.startswith(f"error: {bad}: line 1: not valid UTF-8"), line
+    assert not out.exists()
+
+
+def test_a_vocabulary_the_text_cannot_give_is_one_error_line(tmp_path, capsys):
+    """Only sentencepiece knows the bounds of this text: the refusal comes from the data set's build,
+    still as one line and exit 2 (not the traceback and exit 1 of a failed check)."""
+    out = tmp_path / "out"
+    line = one_error_line(capsys, cli.main(["--dry-run", "--out", str(out), "--vocab-size", "5"]))
+    assert "--vocab-size 5 is too small" in line, line
+    assert not (out / report.JSON_NAME).exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_building_the_data_is_one_error_line(tmp_path):
+    """A real write error: the file-size limit (``ulimit -f``; CPython ignores SIGXFSZ, so writes fail
+    with EFBIG as they fail with ENOSPC on a full disk)."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", "-c", 'ulimit -f 64 && exec "$@"', "limited", sys.executable, "-m", "seed_fairseq.gpucheck",
+         "--dry-run", "--out", str(out)],  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
+    err = [line for line in proc.stderr.splitlines() if not line.startswith("[gpu_check ")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(err) == 1 and err[0].startswith(f"error: {out}") and "file too large" in err[0], err
+
+
+def test_the_json_report_holds_no_nan(tmp_path):
+    """A non-finite loss or MFU is recorded as null: strict JSON readers reject NaN and Infinity."""
+    checks = [report.Check("train seed fp16", report.FAIL, "non-finite loss", {"loss": float("nan")})]
+    objectives = {"seed": {"training": {"fp16": {"losses": [9.0, float("nan")], "mfu": float("inf"), "batch": 8}}}}
+    report.write(tmp_path, report.build(dry_run_profile(), checks, objectives, 1.0))
+
+    def refuse(constant):
+        raise ValueError(f"{constant} in the JSON")
+
+    got = json.loads((tmp_path / report.JSON_NAME).read_text(), parse_constant=refuse)
+    assert got["objectives"]["seed"]["training"]["fp16"]["losses"] == [9.0, None]
+    assert got["objectives"]["seed"]["training"]["fp16"]["mfu"] is None
+    assert got["checks"][0]["values"]["loss"] is None
+
+
+# ---- the budget: out of time is "not run", not "fail" --------------------------------------------
+
+
+class Quick(cli.GpuCheck):
+    """No data set, no training: two fake checks, the second one slower than the budget."""
+
+    def prepare(self):
+        self.work.mkdir(parents=True, exist_ok=True)
+
+    def run(self):
+        self.planned = ["quick", "slow", "after"]
+        self.attempt("quick", lambda: report.Check("quick", report.PASS, "ok"))
+        self.attempt("slow", lambda: time.sleep(30) or report.Check("slow", report.PASS, "never"))
+        self.attempt("after", lambda: report.Check("after", report.PASS, "never"))
+        return self.write_report()
+
+
+def test_a_check_that_runs_out_of_time_is_not_run_not_failed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "GpuCheck", Quick)
+    out = tmp_path / "out"
+    handler, timer = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)[0]
+    began = time.monotonic()
+    code = cli.main(["--dry-run", "--out", str(out), "--budget-seconds", "2"])
+    assert time.monotonic() - began < 20  # the sleeping check was stopped at the deadline
+    assert code == cli.EXIT_NOT_RUN
+    rep = json.loads((out / report.JSON_NAME).read_text())
+    status = {c["name"]: (c["status"], c["detail"]) for c in rep["checks"]}
+    assert status["quick"][0] == report.PASS
+    assert status["slow"][0] == report.NOT_RUN and "ran out during slow" in status["slow"][1]
+    assert status["after"][0] == report.NOT_RUN and "spent before after" in status["after"][1]
+    assert rep["passed"] is False and rep["failed"] == [] and rep["not_run"] == ["slow", "after"]
+    assert (out / report.MARKDOWN_NAME).read_text().startswith("# gpu_check: INCOMPLETE")
+    # the alarm as it was before (pytest-timeout's, when it runs the tests): handler and what is left of it
+    assert signal.getsignal(signal.SIGALRM) == handler
+    assert (timer == 0) == (signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+
+
+def test_updates_are_fitted_to_the_share():
+    fit = budget_mod.updates_that_fit
+    assert fit(100.0, update=2.0, overhead=10.0, wanted=30) == 30
+    assert fit(40.0, update=2.0, overhead=10.0, wanted=30) == 15
+    assert fit(15.0, update=2.0, overhead=10.0, wanted=30) == 0  # fewer than 3: not run
+    assert fit(math.inf, update=2.0, overhead=10.0, wanted=30) == 30
+    b = budget_mod.Budget(100.0, clock=lambda: 0.0)
+    assert b.share(runs_left=4, reserve=20.0) == 20.0
+    assert budget_mod.Budget(None).share(4, 20.0) == math.inf
+
+
+def test_each_run_takes_the_updates_its_share_holds(tmp_path, monkeypatch):
+    """The planner on a stand-in device (updates of 0.5 s, measured in the batch search): a share of 10 s
+    holds ~15 updates after the run's overhead and its comparison; a share too small for 3 takes 3 from
+    the whole budget; a budget that cannot hold 3 is "not run"."""
+    from test_gpu_check import FakeRun
+
+    from seed_fairseq.gpucheck import runs
+
+    monkeypatch.setattr(runs, "Run", FakeRun)
+
+    def check(seconds):
+        c = cli.GpuCheck(dry_run_profile(), tmp_path, tmp_path / "corpus.txt", None, budget_mod.Budget(seconds))
+        c.p.updates = 30
+        return c
+
+    plan = check(1000.0)
+    assert plan.train_objective("seed", [], "bf16", share=10.0).status == report.PASS
+    t = plan.objectives["seed"]["training"]["bf16"]
+    assert t["batch"] == 8  # the dry run's search: 2, 4, 8 (the stand-in fits 12)
+    assert 13 <= t["updates_planned"] <= 15 and t["updates"] == t["updates_planned"], t
+    small = check(1000.0)
+    small.train_objective("seed", [], "bf16", share=1.0)
+    assert small.objectives["seed"]["training"]["bf16"]["updates_planned"] == budget_mod.MIN_UPDATES
+    with pytest.raises(budget_mod.OutOfTime, match="fewer than 3 updates"):
+        check(41.0).train_objective("seed", [], "bf16", share=1.0)  # 41 s less the 40 s kept for the rest
+
+
+# ---- item 9: Ctrl-C during the data-parallel check ------------------------------------------------
+
+# stands in for fairseq-train: the 1-process run leaves a checkpoint; each torchrun worker records its
+# pid and waits, as workers wait in rendezvous
+FAKE_TRAIN = textwrap.dedent(
+    """\
+    import os, sys, time
+    from pathlib import Path
+    save = Path(sys.argv[sys.argv.index("--save-dir") + 1])
+    if "RANK" not in os.environ:
+        save.mkdir(parents=True, exist_ok=True)
+        (save / "checkpoint_last.pt").write_bytes(b"")
+        sys.exit(0)
+    (save.parent / f"worker-{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+    """
+)
+
+DRIVER = textwrap.dedent(
+    """\
+    import sys
+    from seed_fairseq.gpucheck import checks, cli
+
+    checks.train_program = lambda: sys.argv[1]
+
+    class OnlyDataParallel(cli.GpuCheck):
+        def prepare(self):
+            self.work.mkdir(parents=True, exist_ok=True)
+            self.data.mkdir(parents=True, exist_ok=True)
+
+        def run(self):
+            self.planned = ["data parallel", "HF export"]
+            self.setup_args = {"seed": []}
+            self.attempt("data parallel", self.data_parallel)
+            self.attempt("HF export", self.export)
+            return self.write_report()
+
+    cli.GpuCheck = OnlyDataParallel
+    sys.exit(cli.main(["--dry-run", "--out", sys.argv[2]]))
+    """
+)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))  # a zombie is gone
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_data_parallel_check_stops_the_torchrun_workers(tmp_path):
+    fake, driver, out = tmp_path / "fake_train.py", tmp_path / "driver.py", tmp_path / "out"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_TRAIN}")  # run as fairseq-train is: a program
+    fake.chmod(0o755)
+    driver.write_text(DRIVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), str(fake), str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the test's own Ctrl-C goes to the driver only, as kill -INT does
+    )
+    pids_dir = out / "work" / "data-parallel"
+    deadline = time.monotonic() + 120
+    while len(list(pids_dir.glob("worker-*.pid"))) < 2:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the torchrun workers never started"
+        time.sleep(0.2)
+    workers = [int(p.read_text()) for p in pids_dir.glob("worker-*.pid")]
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "interrupted (SIGINT)" in stderr
+    time.sleep(0.5)
+    assert not [pid for pid in workers if alive(pid)], f"orphaned torchrun workers: {workers}"
+    rep = json.loads((out / report.JSON_NAME).read_text())
+    assert [(c["name"], c["status"]) for c in rep["checks"]] == [("data parallel", "not run"), ("HF export", "not run")]
