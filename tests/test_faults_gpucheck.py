@@ -62,6 +62,29 @@ def test_bad_numbers_are_one_error_line_before_anything(tmp_path, capsys, option
     assert not out.exists()
 
 
+@pytest.mark.parametrize("case", ["inside a file", "colon", "read-only", "corpus inside"])
+def test_out_paths_it_cannot_use_are_one_error_line_before_anything(tmp_path, capsys, case):
+    """Issue 32 item 11: the --out check every tool shares (fileio.check_out_path / check_apart)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One sentence here.\n\nAnother one there.\n", encoding="utf-8")
+    if case == "inside a file":
+        out, says = corpus / "out", "is not a folder"
+    elif case == "colon":
+        out, says = tmp_path / "a:b", "contains ':'"
+    elif case == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        out, says = ro / "out", "cannot be written"
+    else:
+        out, says = tmp_path, "--corpus"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    line = one_error_line(capsys, cli.main(["--dry-run", "--out", str(out), "--corpus", str(corpus)]))
+    assert says in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_a_corpus_that_is_not_utf8_is_one_error_line_before_anything(tmp_path, capsys):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("Une tasse de café.\n\nDeux.\n".encode("latin-1"))

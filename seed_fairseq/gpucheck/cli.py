@@ -45,7 +45,7 @@ from typing import Callable, Dict, List, Optional
 
 from ..compare.interrupt import Interrupted, handle_interrupts
 from ..errors import ENVIRONMENT_ERRNOS
-from ..fileio import OutputError, check_output_dir, write_json_atomic, write_text_atomic
+from ..fileio import OutputError, check_apart, check_out_path, check_output_dir, write_json_atomic, write_text_atomic
 from . import report
 from .budget import MIN_UPDATES, Budget, OutOfTime, updates_that_fit
 from .profile import BASELINE, Profile, cuda_profile, dry_run_profile, generator_setup, setups
@@ -570,6 +570,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: --objectives: unknown {', '.join(unknown)}; choose from {','.join(known)}", file=sys.stderr)
             return 2
     try:
+        check_out_path(args.out)
+        check_apart(args.out, [("--corpus", args.corpus)], TOOL)
         check_output_dir(args.out, RECORD, TOOL)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
