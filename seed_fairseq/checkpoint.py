@@ -13,6 +13,8 @@ HuggingFace export:
   checkpoint, or truncated;
 * :func:`peek_checkpoint` -- the metadata of a checkpoint (config, task state,
   tensor shapes) without reading its tensors (memory-mapped);
+* :func:`encoder_architecture` -- the encoder's architecture as the checkpoint
+  records it, for every tool that rebuilds the encoder (drop-heads, the export);
 * :func:`check_dictionary` -- the checkpoint's token embedding and recorded
   dictionary identity against a data folder's ``dict.txt``;
 * :func:`newest_readable_checkpoint` -- what a restart falls back to when
@@ -31,7 +33,7 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -264,6 +266,77 @@ def model_config(state: dict) -> dict:
     if cfg is None and state.get("args") is not None:
         return plain_config(state["args"])
     return plain_config((cfg or {}).get("model") or {})
+
+
+# ---------------------------------------------------------------------------
+# the encoder's architecture, as the checkpoint records it
+# ---------------------------------------------------------------------------
+
+# fairseq builds every LayerNorm of its RoBERTa encoder (and MLM head) with this eps and has no
+# option for another; the plugin's models record theirs (--encoder-layer-norm-eps: 1e-12 in an
+# import of BERT, models/bottleneck.py applies it)
+FAIRSEQ_LAYER_NORM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class EncoderArchitecture:
+    """What the encoder of a checkpoint computes, as the checkpoint's config records it.
+
+    The one reading of these facts for every tool that rebuilds the encoder outside the
+    model class that trained it: ``seed-drop-heads`` (the encoder-only config), the
+    HuggingFace export (its ``config.json``) and DupMAE's exported head.  An import
+    (``hf/import_.py``) records each of them (``model_args.txt``: layers, sizes, positions,
+    activation, LayerNorm eps); what it folds into the weights instead (BERT's token-type
+    row, the position offset, the id order) needs no fact.  Defaults are fairseq's own
+    (``roberta``'s base architecture), never a tool's."""
+
+    layers: int
+    embed_dim: int
+    ffn_embed_dim: int
+    attention_heads: int
+    max_positions: int
+    activation_fn: str
+    layer_norm_eps: float
+
+    def beyond_roberta(self) -> Dict[str, Any]:
+        """The config entries stock fairseq's ``roberta`` cannot build (it ignores them);
+        {} when ``roberta`` computes this encoder exactly."""
+        if self.layer_norm_eps == FAIRSEQ_LAYER_NORM_EPS:
+            return {}
+        return {"encoder_layer_norm_eps": self.layer_norm_eps}
+
+
+# field -> (cfg.model key, fairseq's default: None = the config must name it, type)
+_ARCHITECTURE_KEYS = {
+    "layers": ("encoder_layers", None, int),
+    "embed_dim": ("encoder_embed_dim", None, int),
+    "ffn_embed_dim": ("encoder_ffn_embed_dim", None, int),
+    "attention_heads": ("encoder_attention_heads", None, int),
+    "max_positions": ("max_positions", 512, int),
+    "activation_fn": ("activation_fn", "gelu", str),
+    "layer_norm_eps": ("encoder_layer_norm_eps", FAIRSEQ_LAYER_NORM_EPS, float),
+}
+
+
+def encoder_architecture(model_cfg: Any, path: PathLike = "the checkpoint") -> EncoderArchitecture:
+    """The :class:`EncoderArchitecture` of a checkpoint's ``cfg.model`` (a dict, Namespace or
+    DictConfig); :class:`CheckpointError` naming ``path`` for an entry missing or of the wrong type."""
+    cfg = plain_config(model_cfg)
+    if not isinstance(cfg, dict):
+        raise CheckpointError(path, f"its model config is a {type(cfg).__name__}, not a mapping")
+    facts = {}
+    for name, (key, default, kind) in _ARCHITECTURE_KEYS.items():
+        value = cfg.get(key)
+        if value is None:
+            if default is None:
+                raise CheckpointError(path, f"its model config has no {key!r}")
+            value = default
+        numeric = kind in (int, float) and not isinstance(value, bool) and isinstance(value, (int, float))
+        if not (numeric or isinstance(value, kind)) or (kind is int and value != int(value)):
+            wanted = {int: "an integer", float: "a number", str: "a string"}[kind]
+            raise CheckpointError(path, f"its model config has {key}={value!r}, not {wanted}")
+        facts[name] = kind(value)
+    return EncoderArchitecture(**facts)
 
 
 def task_config(state: dict) -> dict:
