@@ -491,18 +491,24 @@ def newest_readable_checkpoint(
 # ---------------------------------------------------------------------------
 
 
+# what may stop torch.save inside a write: the storage, Ctrl-C, a SIGTERM handler's SystemExit
+_WRITE_STOPPERS = (OSError, KeyboardInterrupt, SystemExit)
+
+
 class _RecordingWriter:
-    """A file for ``torch.save`` that keeps the ``OSError`` of a failed write: torch's
-    writer turns it into ``RuntimeError("... unexpected pos ...")`` without the cause."""
+    """A file for ``torch.save`` that keeps what interrupted a write: torch's writer turns
+    ANY exception of ``write`` -- the ``OSError`` of a full disk, the ``KeyboardInterrupt`` of
+    a Ctrl-C, the ``SystemExit`` of a SIGTERM handler -- into ``RuntimeError("... unexpected
+    pos ...")`` without the cause."""
 
     def __init__(self, f):
         self.f = f
-        self.error = None
+        self.error: Optional[BaseException] = None
 
     def write(self, data) -> int:
         try:
             return self.f.write(data)
-        except OSError as e:
+        except BaseException as e:  # recorded, and raised again by torch_save in place of torch's
             self.error = e
             raise
 
@@ -511,17 +517,21 @@ class _RecordingWriter:
 
 
 def torch_save(obj: Any, path: PathLike, name: Optional[PathLike] = None) -> None:
-    """``torch.save(obj, path)`` whose failed write (full disk, file-size limit ...)
-    raises the ``OSError`` itself, with ``name`` (default ``path``) as its file name."""
+    """``torch.save(obj, path)`` whose interrupted write raises what interrupted it: the
+    ``OSError`` of a full disk or file-size limit (with ``name``, default ``path``, as its
+    file name), the ``KeyboardInterrupt`` of a Ctrl-C, the ``SystemExit`` of a SIGTERM handler."""
     try:
         with open(path, "wb") as f:
             writer = _RecordingWriter(f)
             try:
                 torch.save(obj, writer)
             except RuntimeError as e:
-                if writer.error is None:
+                # what write() recorded, or what it raised before it could (a signal's handler
+                # runs at any bytecode: torch keeps that exception as the context of its own)
+                cause = writer.error or (e.__context__ if isinstance(e.__context__, _WRITE_STOPPERS) else None)
+                if cause is None:
                     raise
-                raise writer.error from e
+                raise cause from e
     except OSError as e:
         if e.errno is None:
             raise
@@ -532,7 +542,8 @@ def save_atomic(obj: Any, path: PathLike) -> Path:
     """``torch.save`` that leaves either the old file or the complete new one.
 
     A failed write (full disk, file-size limit ...) raises the ``OSError`` with
-    ``path`` as its file name."""
+    ``path`` as its file name; an interrupted one (Ctrl-C, SIGTERM) the
+    ``KeyboardInterrupt`` / ``SystemExit``, never torch's ``RuntimeError``."""
     with atomic_path(path) as tmp:
         torch_save(obj, tmp, name=path)
     return Path(path)

@@ -242,6 +242,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, also in the middle of writing OUT (checkpoint.torch_save)
+        print(f"interrupted; rerun the same command ({args.out} appears only complete)", file=sys.stderr)
+        return 130
     return 0
 
 
