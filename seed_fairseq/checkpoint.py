@@ -12,7 +12,8 @@ HuggingFace export:
 * :func:`read_checkpoint` -- one clear error for a file that is missing, not a
   checkpoint, or truncated;
 * :func:`peek_checkpoint` -- the metadata of a checkpoint (config, task state,
-  tensor shapes) without reading its tensors (memory-mapped);
+  tensor shapes) without reading its tensors (memory-mapped), its entries checked
+  (:func:`check_entries`: one ``FILE: problem`` for a wrongly typed one);
 * :func:`encoder_architecture` -- the encoder's architecture as the checkpoint
   records it, for every tool that rebuilds the encoder (drop-heads, the export);
 * :func:`check_dictionary` -- the checkpoint's token embedding and recorded
@@ -225,9 +226,89 @@ def peek_checkpoint(path: PathLike, trust: Optional[bool] = None) -> dict:
         raise
     except Exception as e:  # torch raises many kinds on a foreign or truncated file
         raise CheckpointError(path, f"not a readable fairseq checkpoint ({type(e).__name__}: {e})") from e
-    if not isinstance(state, dict) or "model" not in state or not ("cfg" in state or "args" in state):
-        raise CheckpointError(path, "not a fairseq checkpoint (no 'model' and 'cfg' entries)")
+    check_entries(state, path)
     return state
+
+
+# the token embedding under the name fairseq's RoBERTa upgrade renames (old checkpoints, fairseq's hub)
+EMBED_KEYS = (EMBED_KEY, "decoder.sentence_encoder.embed_tokens.weight")
+# config sections a model and its task are rebuilt from (the others may be None)
+_REQUIRED_SECTIONS = ("model", "task")
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def check_entries(state: Any, path: PathLike) -> None:
+    """The entries of a loaded checkpoint have the types fairseq and the tools read them as,
+    without running anything: :class:`CheckpointError` naming ``path`` and the first entry
+    that does not (instead of a traceback wherever it is first used).
+
+    A dict with ``model`` (parameter names -> tensors, with the token embedding of a
+    RoBERTa-style encoder), ``cfg`` (a mapping whose ``model`` and ``task`` are mappings or
+    Namespaces) or, from fairseq's argparse era, ``args`` (a Namespace); ``optimizer_history``
+    a non-empty list of mappings, ``extra_state`` and ``task_state`` mappings, when present."""
+    from collections.abc import Mapping
+
+    sections = (Mapping, argparse.Namespace)
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"not a fairseq checkpoint (it holds {_kind(state)}, not a dict of entries)")
+    if "model" not in state or not ("cfg" in state or "args" in state):
+        raise CheckpointError(path, "not a fairseq checkpoint (no 'model' and 'cfg' entries)")
+    model = state["model"]
+    if not isinstance(model, Mapping):
+        raise CheckpointError(path, f"its 'model' entry is {_kind(model)}, not a mapping of parameter names to tensors")
+    for key, value in model.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise CheckpointError(path, f"its 'model' entry maps {key!r} to {_kind(value)}, not a name to a tensor")
+    embed = next((model[k] for k in EMBED_KEYS if k in model), None)
+    if embed is None or embed.dim() != 2:
+        found = "none" if embed is None else f"a {embed.dim()}-d tensor"
+        raise CheckpointError(path, f"its 'model' entry has no token embedding ({EMBED_KEY}: {found})")
+    cfg, args = state.get("cfg"), state.get("args")
+    if args is not None and not isinstance(args, argparse.Namespace):
+        raise CheckpointError(path, f"its 'args' entry is {_kind(args)}, not a Namespace")
+    if cfg is None:
+        if not isinstance(args, argparse.Namespace):
+            raise CheckpointError(path, f"its 'cfg' entry is None and its 'args' entry {_kind(args)}, not a Namespace")
+    else:
+        if not isinstance(cfg, Mapping):
+            raise CheckpointError(path, f"its 'cfg' entry is {_kind(cfg)}, not a mapping of config sections")
+        for name, value in cfg.items():
+            if str(name).startswith("_"):  # _name: the config's own name, not a section
+                continue
+            required = name in _REQUIRED_SECTIONS
+            if not (isinstance(value, sections) or (value is None and not required)):
+                raise CheckpointError(path, f"its config section 'cfg.{name}' is {_kind(value)}, not a mapping")
+        missing = [name for name in _REQUIRED_SECTIONS if name not in cfg]
+        if missing and args is None:
+            raise CheckpointError(path, f"its 'cfg' entry has no {' or '.join(repr(m) for m in missing)} section")
+    history = state.get("optimizer_history", [{}])
+    if not isinstance(history, list) or not history or not all(isinstance(h, Mapping) for h in history):
+        raise CheckpointError(path, f"its 'optimizer_history' entry is {_kind(history)}, not a list of mappings")
+    updates = history[-1].get("num_updates", 0)
+    if isinstance(updates, bool) or not isinstance(updates, (int, np.integer)):
+        raise CheckpointError(path, f"its update count (optimizer_history num_updates) is {updates!r}, not an integer")
+    # mappings when present, and what the tools read in them
+    nested = {
+        "extra_state": ("train_iterator", "seed_fairseq"),
+        "task_state": (),
+    }
+    for name, inner in nested.items():
+        entry = state.get(name)
+        if entry is None:
+            continue
+        if not isinstance(entry, Mapping):
+            raise CheckpointError(path, f"its '{name}' entry is {_kind(entry)}, not a mapping")
+        for key in inner:
+            if not isinstance(entry.get(key), (Mapping, type(None))):
+                raise CheckpointError(path, f"its '{name}.{key}' entry is {_kind(entry[key])}, not a mapping")
+    sha = (state.get("task_state") or {}).get(DICTIONARY_SHA256)
+    if sha is not None and not isinstance(sha, str):
+        raise CheckpointError(
+            path, f"its recorded dictionary identity ({DICTIONARY_SHA256}) is {_kind(sha)}, not a string"
+        )
 
 
 def read_checkpoint(path: PathLike, arg_overrides: Optional[dict] = None, trust: Optional[bool] = None) -> dict:

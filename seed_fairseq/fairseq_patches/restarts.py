@@ -18,7 +18,10 @@
   ``checkpoint_utils.load_checkpoint``, hides the start model from fairseq
   when the run has a readable checkpoint of its own: the run resumes from the
   newest one, optimizer, schedule and data position included;
-- before any weight is loaded the task checks the checkpoint against the data
+- before any weight is loaded the checkpoint's entries are checked
+  (``checkpoint.check_entries``: a ``model`` that is no mapping of tensors, a
+  ``cfg`` that is no mapping, no token embedding ... are one ``error:`` line,
+  not a traceback) and the task checks it against the data
   (``check_checkpoint``: dictionary size and identity), so the last line of a
   refused restore names the true cause;
 - fairseq replaces any error of model loading by "please ensure that the
@@ -127,9 +130,11 @@ def install() -> None:
 
         take_save_dir(self)
         filename = _resolve_restore_file(self, filename)
-        check = getattr(self.task, "check_checkpoint", None)
-        if check is not None and os.path.isfile(filename):
-            check(peek_checkpoint(filename), filename)
+        if os.path.isfile(filename):
+            state = peek_checkpoint(filename)  # its entries checked (checkpoint.check_entries), whatever the task
+            check = getattr(self.task, "check_checkpoint", None)
+            if check is not None:
+                check(state, filename)
         try:
             return original(self, filename, *args, **kwargs)
         except Exception as e:
