@@ -35,12 +35,13 @@ def starts(tmp_path_factory, demo_data_bin):
 
 
 def continued(obj, start, path):
-    """A checkpoint of ``obj`` continued from ``start``: its model built by fairseq's own option
-    parsing, the start loaded (the objective's heads fresh), every weight moved a little."""
-    from fairseq import checkpoint_utils, options, tasks
+    """(path, model): a checkpoint of ``obj`` continued from ``start`` -- its model built by
+    fairseq's own option parsing, the start loaded (the objective's heads fresh), every weight
+    moved a little -- and that model in eval mode (what the checkpoint computes)."""
+    from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from seed_fairseq.checkpoint import save_atomic
+    from seed_fairseq.checkpoint import load_torch_file, save_atomic
     from seed_fairseq.hf.import_ import checkpoint_dict
 
     data, encoder_args, start_ckpt, _ = start
@@ -55,21 +56,21 @@ def continued(obj, start, path):
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     if start_ckpt is not None:
-        state = checkpoint_utils.load_checkpoint_to_cpu(str(start_ckpt))
+        state = load_torch_file(start_ckpt)
         model.load_state_dict(dict(state["model"]), strict=True, model_cfg=cfg.model)
     g = torch.Generator().manual_seed(len(obj.name))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.02)
     save_atomic(checkpoint_dict(cfg, model, task, {"source": "test"}), path)
-    return path
+    return path, model.eval()
 
 
 _CONTINUED = {}
 
 
 def checkpoints(source, starts, tmp_path_factory):
-    """objective name -> its checkpoint continued from ``source`` (made once per module)."""
+    """objective name -> (checkpoint continued from ``source``, its model) (made once per module)."""
     if source not in _CONTINUED:
         root = tmp_path_factory.mktemp(f"continued_{source}")
         _CONTINUED[source] = {o.name: continued(o, starts[source], root / f"{o.name}.pt") for o in OBJECTIVES}
@@ -111,13 +112,13 @@ def test_drop_heads_keeps_every_architecture_fact(source, starts, tmp_path, tmp_
     data, _, _, eps = starts[source]
     made = checkpoints(source, starts, tmp_path_factory)
     for obj in OBJECTIVES:
-        ckpt = made[obj.name]
+        ckpt, full = made[obj.name]
         out = write_encoder_checkpoint(ckpt, tmp_path / f"{obj.name}-encoder.pt")
         state = load_torch_file(out)
         # stock roberta where it computes the same; the plugin's encoder-only arch where it cannot (eps)
         arch = "seed_encoder_mlm_only" if eps != 1e-5 else "roberta"
         assert state["cfg"]["model"]["_name"] == arch, obj.name
-        full, encoder = plugin_model(ckpt, data), plugin_model(out, data)
+        encoder = plugin_model(out, data)
         assert layer_norm_eps(encoder) == layer_norm_eps(full) == {eps}, obj.name
         assert not any(k.startswith(obj.heads or ("\0",)) for k in state["model"]), obj.name
         tokens = probe(full)
@@ -149,10 +150,10 @@ def test_export_keeps_every_architecture_fact(source, starts, tmp_path, tmp_path
 
     data, _, _, eps = starts[source]
     made = dict(checkpoints(source, starts, tmp_path_factory))
-    made["encoder-only"] = write_encoder_checkpoint(made[OBJECTIVES[-1].name], tmp_path / "encoder.pt")
-    for name, ckpt in made.items():
+    last, fs = made[OBJECTIVES[-1].name]
+    made["encoder-only"] = (write_encoder_checkpoint(last, tmp_path / "encoder.pt"), fs)  # computes the same
+    for name, (ckpt, fs) in made.items():
         out = export(ckpt, data, tmp_path / f"hf-{name}", representation="dupmae")
-        fs = plugin_model(ckpt, data)
         tokens = probe(fs)
         to_folder = folder_ids(data, len(fs.encoder.dictionary))
         ids, mask = to_folder[tokens], tokens.ne(1)
