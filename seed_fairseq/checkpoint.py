@@ -13,7 +13,8 @@ HuggingFace export:
   checkpoint, or truncated;
 * :func:`peek_checkpoint` -- the metadata of a checkpoint (config, task state,
   tensor shapes) without reading its tensors (memory-mapped), its entries checked
-  (:func:`check_entries`: one ``FILE: problem`` for a wrongly typed one);
+  (:func:`check_entries`: one ``FILE: problem`` for a wrongly typed one;
+  :func:`check_encoder_entries`: no token embedding, no model config);
 * :func:`encoder_architecture` -- the encoder's architecture as the checkpoint
   records it, for every tool that rebuilds the encoder (drop-heads, the export);
 * :func:`check_dictionary` -- the checkpoint's token embedding and recorded
@@ -245,10 +246,11 @@ def check_entries(state: Any, path: PathLike) -> None:
     without running anything: :class:`CheckpointError` naming ``path`` and the first entry
     that does not (instead of a traceback wherever it is first used).
 
-    A dict with ``model`` (parameter names -> tensors, with the token embedding of a
-    RoBERTa-style encoder), ``cfg`` (a mapping whose ``model`` and ``task`` are mappings or
-    Namespaces) or, from fairseq's argparse era, ``args`` (a Namespace); ``optimizer_history``
-    a non-empty list of mappings, ``extra_state`` and ``task_state`` mappings, when present."""
+    A dict with ``model`` (parameter names -> tensors), ``cfg`` (a mapping of sections, each a
+    mapping or Namespace; ``model`` and ``task`` never None) or, from fairseq's argparse era,
+    ``args`` (a Namespace); ``optimizer_history`` a non-empty list of mappings, ``extra_state``
+    and ``task_state`` mappings, when present.  What loading the model needs besides:
+    :func:`check_encoder_entries`."""
     from collections.abc import Mapping
 
     sections = (Mapping, argparse.Namespace)
@@ -262,10 +264,6 @@ def check_entries(state: Any, path: PathLike) -> None:
     for key, value in model.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
             raise CheckpointError(path, f"its 'model' entry maps {key!r} to {_kind(value)}, not a name to a tensor")
-    embed = next((model[k] for k in EMBED_KEYS if k in model), None)
-    if embed is None or embed.dim() != 2:
-        found = "none" if embed is None else f"a {embed.dim()}-d tensor"
-        raise CheckpointError(path, f"its 'model' entry has no token embedding ({EMBED_KEY}: {found})")
     cfg, args = state.get("cfg"), state.get("args")
     if args is not None and not isinstance(args, argparse.Namespace):
         raise CheckpointError(path, f"its 'args' entry is {_kind(args)}, not a Namespace")
@@ -281,9 +279,6 @@ def check_entries(state: Any, path: PathLike) -> None:
             required = name in _REQUIRED_SECTIONS
             if not (isinstance(value, sections) or (value is None and not required)):
                 raise CheckpointError(path, f"its config section 'cfg.{name}' is {_kind(value)}, not a mapping")
-        missing = [name for name in _REQUIRED_SECTIONS if name not in cfg]
-        if missing and args is None:
-            raise CheckpointError(path, f"its 'cfg' entry has no {' or '.join(repr(m) for m in missing)} section")
     history = state.get("optimizer_history", [{}])
     if not isinstance(history, list) or not history or not all(isinstance(h, Mapping) for h in history):
         raise CheckpointError(path, f"its 'optimizer_history' entry is {_kind(history)}, not a list of mappings")
@@ -311,6 +306,24 @@ def check_entries(state: Any, path: PathLike) -> None:
         )
 
 
+def check_encoder_entries(state: dict, path: PathLike) -> None:
+    """What rebuilding and loading the model needs beyond :func:`check_entries` (a checkpoint
+    whose entries have the right types): the token embedding of a RoBERTa-style encoder, and the
+    config's ``model`` and ``task`` sections (or fairseq's argparse-era ``args``).
+    :class:`CheckpointError` naming ``path`` otherwise.  :func:`read_checkpoint` and
+    ``fairseq-train``'s restores (``fairseq_patches.restarts``) check it."""
+    model = state["model"]
+    embed = next((model[k] for k in EMBED_KEYS if k in model), None)
+    if embed is None or embed.dim() != 2:
+        found = "none" if embed is None else f"a {embed.dim()}-d tensor"
+        raise CheckpointError(path, f"its 'model' entry has no token embedding ({EMBED_KEY}: {found})")
+    cfg = state.get("cfg")
+    if cfg is not None and state.get("args") is None:
+        missing = [name for name in _REQUIRED_SECTIONS if name not in cfg]
+        if missing:
+            raise CheckpointError(path, f"its 'cfg' entry has no {' or '.join(repr(m) for m in missing)} section")
+
+
 def read_checkpoint(path: PathLike, arg_overrides: Optional[dict] = None, trust: Optional[bool] = None) -> dict:
     """The checkpoint, read and upgraded by fairseq (after the checks of
     :func:`peek_checkpoint`), with ``arg_overrides`` applied to its config;
@@ -322,7 +335,9 @@ def read_checkpoint(path: PathLike, arg_overrides: Optional[dict] = None, trust:
     from fairseq import checkpoint_utils
 
     with trusting(trust):
-        sha, source = recorded_dictionary(peek_checkpoint(path))
+        peeked = peek_checkpoint(path)
+        check_encoder_entries(peeked, path)
+        sha, source = recorded_dictionary(peeked)
         try:
             state = checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides=arg_overrides)
         except CheckpointError:

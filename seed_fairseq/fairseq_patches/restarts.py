@@ -19,8 +19,8 @@
   when the run has a readable checkpoint of its own: the run resumes from the
   newest one, optimizer, schedule and data position included;
 - before any weight is loaded the checkpoint's entries are checked
-  (``checkpoint.check_entries``: a ``model`` that is no mapping of tensors, a
-  ``cfg`` that is no mapping, no token embedding ... are one ``error:`` line,
+  (``checkpoint.check_entries`` / ``check_encoder_entries``: a ``model`` that is
+  no mapping of tensors, a ``cfg`` that is no mapping, no token embedding ... are one ``error:`` line,
   not a traceback) and the task checks it against the data
   (``check_checkpoint``: dictionary size and identity), so the last line of a
   refused restore names the true cause;
@@ -126,12 +126,13 @@ def install() -> None:
 
     @functools.wraps(original)
     def load_checkpoint(self, filename, *args, **kwargs):
-        from ..checkpoint import CheckpointError, peek_checkpoint
+        from ..checkpoint import CheckpointError, check_encoder_entries, peek_checkpoint
 
         take_save_dir(self)
         filename = _resolve_restore_file(self, filename)
         if os.path.isfile(filename):
             state = peek_checkpoint(filename)  # its entries checked (checkpoint.check_entries), whatever the task
+            check_encoder_entries(state, filename)
             check = getattr(self.task, "check_checkpoint", None)
             if check is not None:
                 check(state, filename)
