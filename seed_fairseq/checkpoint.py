@@ -12,7 +12,11 @@ HuggingFace export:
 * :func:`read_checkpoint` -- one clear error for a file that is missing, not a
   checkpoint, or truncated;
 * :func:`peek_checkpoint` -- the metadata of a checkpoint (config, task state,
-  tensor shapes) without reading its tensors (memory-mapped);
+  tensor shapes) without reading its tensors (memory-mapped), its entries checked
+  (:func:`check_entries`: one ``FILE: problem`` for a wrongly typed one;
+  :func:`check_encoder_entries`: no token embedding, no model config);
+* :func:`encoder_architecture` -- the encoder's architecture as the checkpoint
+  records it, for every tool that rebuilds the encoder (drop-heads, the export);
 * :func:`check_dictionary` -- the checkpoint's token embedding and recorded
   dictionary identity against a data folder's ``dict.txt``;
 * :func:`newest_readable_checkpoint` -- what a restart falls back to when
@@ -31,7 +35,7 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -223,9 +227,101 @@ def peek_checkpoint(path: PathLike, trust: Optional[bool] = None) -> dict:
         raise
     except Exception as e:  # torch raises many kinds on a foreign or truncated file
         raise CheckpointError(path, f"not a readable fairseq checkpoint ({type(e).__name__}: {e})") from e
-    if not isinstance(state, dict) or "model" not in state or not ("cfg" in state or "args" in state):
-        raise CheckpointError(path, "not a fairseq checkpoint (no 'model' and 'cfg' entries)")
+    check_entries(state, path)
     return state
+
+
+# the token embedding under the name fairseq's RoBERTa upgrade renames (old checkpoints, fairseq's hub)
+EMBED_KEYS = (EMBED_KEY, "decoder.sentence_encoder.embed_tokens.weight")
+# config sections a model and its task are rebuilt from (the others may be None)
+_REQUIRED_SECTIONS = ("model", "task")
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def check_entries(state: Any, path: PathLike) -> None:
+    """The entries of a loaded checkpoint have the types fairseq and the tools read them as,
+    without running anything: :class:`CheckpointError` naming ``path`` and the first entry
+    that does not (instead of a traceback wherever it is first used).
+
+    A dict with ``model`` (parameter names -> tensors), ``cfg`` (a mapping of sections, each a
+    mapping or Namespace; ``model`` and ``task`` never None) or, from fairseq's argparse era,
+    ``args`` (a Namespace); ``optimizer_history`` a non-empty list of mappings, ``extra_state``
+    and ``task_state`` mappings, when present.  What loading the model needs besides:
+    :func:`check_encoder_entries`."""
+    from collections.abc import Mapping
+
+    sections = (Mapping, argparse.Namespace)
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"not a fairseq checkpoint (it holds {_kind(state)}, not a dict of entries)")
+    if "model" not in state or not ("cfg" in state or "args" in state):
+        raise CheckpointError(path, "not a fairseq checkpoint (no 'model' and 'cfg' entries)")
+    model = state["model"]
+    if not isinstance(model, Mapping):
+        raise CheckpointError(path, f"its 'model' entry is {_kind(model)}, not a mapping of parameter names to tensors")
+    for key, value in model.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise CheckpointError(path, f"its 'model' entry maps {key!r} to {_kind(value)}, not a name to a tensor")
+    cfg, args = state.get("cfg"), state.get("args")
+    if args is not None and not isinstance(args, argparse.Namespace):
+        raise CheckpointError(path, f"its 'args' entry is {_kind(args)}, not a Namespace")
+    if cfg is None:
+        if not isinstance(args, argparse.Namespace):
+            raise CheckpointError(path, f"its 'cfg' entry is None and its 'args' entry {_kind(args)}, not a Namespace")
+    else:
+        if not isinstance(cfg, Mapping):
+            raise CheckpointError(path, f"its 'cfg' entry is {_kind(cfg)}, not a mapping of config sections")
+        for name, value in cfg.items():
+            if str(name).startswith("_"):  # _name: the config's own name, not a section
+                continue
+            required = name in _REQUIRED_SECTIONS
+            if not (isinstance(value, sections) or (value is None and not required)):
+                raise CheckpointError(path, f"its config section 'cfg.{name}' is {_kind(value)}, not a mapping")
+    history = state.get("optimizer_history", [{}])
+    if not isinstance(history, list) or not history or not all(isinstance(h, Mapping) for h in history):
+        raise CheckpointError(path, f"its 'optimizer_history' entry is {_kind(history)}, not a list of mappings")
+    updates = history[-1].get("num_updates", 0)
+    if isinstance(updates, bool) or not isinstance(updates, (int, np.integer)):
+        raise CheckpointError(path, f"its update count (optimizer_history num_updates) is {updates!r}, not an integer")
+    # mappings when present, and what the tools read in them
+    nested = {
+        "extra_state": ("train_iterator", "seed_fairseq"),
+        "task_state": (),
+    }
+    for name, inner in nested.items():
+        entry = state.get(name)
+        if entry is None:
+            continue
+        if not isinstance(entry, Mapping):
+            raise CheckpointError(path, f"its '{name}' entry is {_kind(entry)}, not a mapping")
+        for key in inner:
+            if not isinstance(entry.get(key), (Mapping, type(None))):
+                raise CheckpointError(path, f"its '{name}.{key}' entry is {_kind(entry[key])}, not a mapping")
+    sha = (state.get("task_state") or {}).get(DICTIONARY_SHA256)
+    if sha is not None and not isinstance(sha, str):
+        raise CheckpointError(
+            path, f"its recorded dictionary identity ({DICTIONARY_SHA256}) is {_kind(sha)}, not a string"
+        )
+
+
+def check_encoder_entries(state: dict, path: PathLike) -> None:
+    """What rebuilding and loading the model needs beyond :func:`check_entries` (a checkpoint
+    whose entries have the right types): the token embedding of a RoBERTa-style encoder, and the
+    config's ``model`` and ``task`` sections (or fairseq's argparse-era ``args``).
+    :class:`CheckpointError` naming ``path`` otherwise.  :func:`read_checkpoint` and
+    ``fairseq-train``'s restores (``fairseq_patches.restarts``) check it."""
+    model = state["model"]
+    embed = next((model[k] for k in EMBED_KEYS if k in model), None)
+    if embed is None or embed.dim() != 2:
+        found = "none" if embed is None else f"a {embed.dim()}-d tensor"
+        raise CheckpointError(path, f"its 'model' entry has no token embedding ({EMBED_KEY}: {found})")
+    cfg = state.get("cfg")
+    if cfg is not None and state.get("args") is None:
+        missing = [name for name in _REQUIRED_SECTIONS if name not in cfg]
+        if missing:
+            raise CheckpointError(path, f"its 'cfg' entry has no {' or '.join(repr(m) for m in missing)} section")
 
 
 def read_checkpoint(path: PathLike, arg_overrides: Optional[dict] = None, trust: Optional[bool] = None) -> dict:
@@ -239,7 +335,9 @@ def read_checkpoint(path: PathLike, arg_overrides: Optional[dict] = None, trust:
     from fairseq import checkpoint_utils
 
     with trusting(trust):
-        sha, source = recorded_dictionary(peek_checkpoint(path))
+        peeked = peek_checkpoint(path)
+        check_encoder_entries(peeked, path)
+        sha, source = recorded_dictionary(peeked)
         try:
             state = checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides=arg_overrides)
         except CheckpointError:
@@ -264,6 +362,77 @@ def model_config(state: dict) -> dict:
     if cfg is None and state.get("args") is not None:
         return plain_config(state["args"])
     return plain_config((cfg or {}).get("model") or {})
+
+
+# ---------------------------------------------------------------------------
+# the encoder's architecture, as the checkpoint records it
+# ---------------------------------------------------------------------------
+
+# fairseq builds every LayerNorm of its RoBERTa encoder (and MLM head) with this eps and has no
+# option for another; the plugin's models record theirs (--encoder-layer-norm-eps: 1e-12 in an
+# import of BERT, models/bottleneck.py applies it)
+FAIRSEQ_LAYER_NORM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class EncoderArchitecture:
+    """What the encoder of a checkpoint computes, as the checkpoint's config records it.
+
+    The one reading of these facts for every tool that rebuilds the encoder outside the
+    model class that trained it: ``seed-drop-heads`` (the encoder-only config), the
+    HuggingFace export (its ``config.json``) and DupMAE's exported head.  An import
+    (``hf/import_.py``) records each of them (``model_args.txt``: layers, sizes, positions,
+    activation, LayerNorm eps); what it folds into the weights instead (BERT's token-type
+    row, the position offset, the id order) needs no fact.  Defaults are fairseq's own
+    (``roberta``'s base architecture), never a tool's."""
+
+    layers: int
+    embed_dim: int
+    ffn_embed_dim: int
+    attention_heads: int
+    max_positions: int
+    activation_fn: str
+    layer_norm_eps: float
+
+    def beyond_roberta(self) -> Dict[str, Any]:
+        """The config entries stock fairseq's ``roberta`` cannot build (it ignores them);
+        {} when ``roberta`` computes this encoder exactly."""
+        if self.layer_norm_eps == FAIRSEQ_LAYER_NORM_EPS:
+            return {}
+        return {"encoder_layer_norm_eps": self.layer_norm_eps}
+
+
+# field -> (cfg.model key, fairseq's default: None = the config must name it, type)
+_ARCHITECTURE_KEYS = {
+    "layers": ("encoder_layers", None, int),
+    "embed_dim": ("encoder_embed_dim", None, int),
+    "ffn_embed_dim": ("encoder_ffn_embed_dim", None, int),
+    "attention_heads": ("encoder_attention_heads", None, int),
+    "max_positions": ("max_positions", 512, int),
+    "activation_fn": ("activation_fn", "gelu", str),
+    "layer_norm_eps": ("encoder_layer_norm_eps", FAIRSEQ_LAYER_NORM_EPS, float),
+}
+
+
+def encoder_architecture(model_cfg: Any, path: PathLike = "the checkpoint") -> EncoderArchitecture:
+    """The :class:`EncoderArchitecture` of a checkpoint's ``cfg.model`` (a dict, Namespace or
+    DictConfig); :class:`CheckpointError` naming ``path`` for an entry missing or of the wrong type."""
+    cfg = plain_config(model_cfg)
+    if not isinstance(cfg, dict):
+        raise CheckpointError(path, f"its model config is a {type(cfg).__name__}, not a mapping")
+    facts = {}
+    for name, (key, default, kind) in _ARCHITECTURE_KEYS.items():
+        value = cfg.get(key)
+        if value is None:
+            if default is None:
+                raise CheckpointError(path, f"its model config has no {key!r}")
+            value = default
+        numeric = kind in (int, float) and not isinstance(value, bool) and isinstance(value, (int, float))
+        if not (numeric or isinstance(value, kind)) or (kind is int and value != int(value)):
+            wanted = {int: "an integer", float: "a number", str: "a string"}[kind]
+            raise CheckpointError(path, f"its model config has {key}={value!r}, not {wanted}")
+        facts[name] = kind(value)
+    return EncoderArchitecture(**facts)
 
 
 def task_config(state: dict) -> dict:
@@ -418,18 +587,24 @@ def newest_readable_checkpoint(
 # ---------------------------------------------------------------------------
 
 
+# what may stop torch.save inside a write: the storage, Ctrl-C, a SIGTERM handler's SystemExit
+_WRITE_STOPPERS = (OSError, KeyboardInterrupt, SystemExit)
+
+
 class _RecordingWriter:
-    """A file for ``torch.save`` that keeps the ``OSError`` of a failed write: torch's
-    writer turns it into ``RuntimeError("... unexpected pos ...")`` without the cause."""
+    """A file for ``torch.save`` that keeps what interrupted a write: torch's writer turns
+    ANY exception of ``write`` -- the ``OSError`` of a full disk, the ``KeyboardInterrupt`` of
+    a Ctrl-C, the ``SystemExit`` of a SIGTERM handler -- into ``RuntimeError("... unexpected
+    pos ...")`` without the cause."""
 
     def __init__(self, f):
         self.f = f
-        self.error = None
+        self.error: Optional[BaseException] = None
 
     def write(self, data) -> int:
         try:
             return self.f.write(data)
-        except OSError as e:
+        except BaseException as e:  # recorded, and raised again by torch_save in place of torch's
             self.error = e
             raise
 
@@ -438,17 +613,21 @@ class _RecordingWriter:
 
 
 def torch_save(obj: Any, path: PathLike, name: Optional[PathLike] = None) -> None:
-    """``torch.save(obj, path)`` whose failed write (full disk, file-size limit ...)
-    raises the ``OSError`` itself, with ``name`` (default ``path``) as its file name."""
+    """``torch.save(obj, path)`` whose interrupted write raises what interrupted it: the
+    ``OSError`` of a full disk or file-size limit (with ``name``, default ``path``, as its
+    file name), the ``KeyboardInterrupt`` of a Ctrl-C, the ``SystemExit`` of a SIGTERM handler."""
     try:
         with open(path, "wb") as f:
             writer = _RecordingWriter(f)
             try:
                 torch.save(obj, writer)
             except RuntimeError as e:
-                if writer.error is None:
+                # what write() recorded, or what it raised before it could (a signal's handler
+                # runs at any bytecode: torch keeps that exception as the context of its own)
+                cause = writer.error or (e.__context__ if isinstance(e.__context__, _WRITE_STOPPERS) else None)
+                if cause is None:
                     raise
-                raise writer.error from e
+                raise cause from e
     except OSError as e:
         if e.errno is None:
             raise
@@ -459,7 +638,8 @@ def save_atomic(obj: Any, path: PathLike) -> Path:
     """``torch.save`` that leaves either the old file or the complete new one.
 
     A failed write (full disk, file-size limit ...) raises the ``OSError`` with
-    ``path`` as its file name."""
+    ``path`` as its file name; an interrupted one (Ctrl-C, SIGTERM) the
+    ``KeyboardInterrupt`` / ``SystemExit``, never torch's ``RuntimeError``."""
     with atomic_path(path) as tmp:
         torch_save(obj, tmp, name=path)
     return Path(path)

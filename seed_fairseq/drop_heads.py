@@ -11,9 +11,17 @@ containers only (no optimizer state, no pickled config objects).  What is
 dropped is what the model class declares (``pretraining_only_prefixes``,
 ``pretraining_only_config_prefixes``; see ``models/bottleneck.py``).
 
+The encoder keeps every architecture fact its checkpoint records
+(``checkpoint.encoder_architecture``).  An encoder that stock ``roberta``
+cannot build exactly -- one continued from an import of BERT, whose
+LayerNorms have eps 1e-12 where fairseq's are fixed at 1e-5 -- is written as
+the plugin's encoder-only architecture (``seed_encoder_mlm_only``, the same
+keys as ``roberta``), which loads with the plugin imported and which stock
+fairseq refuses rather than computing other numbers.
+
 Before anything is written, the encoder-only model is loaded back through
-fairseq and its features are compared with the full model's on the same
-input; the file appears (atomically, via rename) only if they match.
+fairseq and its features and MLM logits are compared with the full model's on
+the same input; the file appears (atomically, via rename) only if they match.
 """
 
 import argparse
@@ -29,6 +37,7 @@ from .checkpoint import (
     TRUST_OPTION,
     CheckpointError,
     check_dictionary,
+    encoder_architecture,
     peek_checkpoint,
     plain_config,
     read_checkpoint,
@@ -41,11 +50,16 @@ logger = logging.getLogger("seed_fairseq.drop_heads")
 
 # what extra_state["seed_fairseq"]["source"] says in this tool's outputs (older name first)
 SOURCES = ("drop_decoder", "drop_heads")
+# the architecture of an encoder stock roberta cannot build exactly: RoBERTa's encoder and MLM
+# head (the same keys) with the plugin's options (models/bottleneck.py), no decoder
+ENCODER_ONLY_ARCH = "seed_encoder_mlm_only"
 
 
 def drop_heads(state: dict) -> dict:
     """Pure function: a checkpoint dict of one of the plugin's pre-training models
-    -> an encoder-only RoBERTa checkpoint dict (the input is not modified)."""
+    -> an encoder-only checkpoint dict (the input is not modified): stock ``roberta``, or
+    :data:`ENCODER_ONLY_ARCH` for an encoder stock ``roberta`` cannot build exactly.
+    ValueError (:class:`CheckpointError` for a config entry) when the state is not such a checkpoint."""
     from fairseq.tasks.masked_lm import MaskedLMConfig
 
     from .models import pretraining_model_class
@@ -59,9 +73,14 @@ def drop_heads(state: dict) -> dict:
     if model_class is None:
         raise ValueError(f"expected a checkpoint of one of this plugin's pre-training models, got model/arch {name!r}")
     prefixes = model_class.pretraining_only_prefixes
+    beyond_roberta = encoder_architecture(model_cfg).beyond_roberta()
     model_cfg = {k: v for k, v in model_cfg.items() if not k.startswith(model_class.pretraining_only_config_prefixes)}
-    model_cfg["_name"] = "roberta"
-    model_cfg["arch"] = "roberta"
+    # stock roberta when it builds this encoder exactly; otherwise every fact kept, no decoder
+    arch = ENCODER_ONLY_ARCH if beyond_roberta else "roberta"
+    if beyond_roberta:
+        model_cfg.update(beyond_roberta, decoder_layers=0)
+    model_cfg["_name"] = arch
+    model_cfg["arch"] = arch
     # argparse-era models keep a copy of every option in cfg.model
     for key, value in (("user_dir", None), ("task", "masked_lm"), ("criterion", "masked_lm")):
         if key in model_cfg:
@@ -99,16 +118,18 @@ def drop_heads(state: dict) -> dict:
         "extra_state": {
             "epoch": 1,
             "train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True, "version": 2},
-            "seed_fairseq": {"source": "drop_heads", "pretrain_updates": num_updates, "model": name},
+            "seed_fairseq": {"source": "drop_heads", "pretrain_updates": num_updates, "model": name, "arch": arch},
         },
         "last_optimizer_state": None,
     }
 
 
-def _encoder_features(model, tokens):
+def _encoder_outputs(model, tokens):
+    """The encoder's features and the MLM head's logits (both kept by the encoder-only checkpoint)."""
     with torch.no_grad():
         features, _ = model(tokens, features_only=True)
-    return features
+        logits, _ = model(tokens)
+    return features, logits
 
 
 def _is_own_output(path: PathLike) -> bool:
@@ -131,8 +152,11 @@ def write_encoder_checkpoint(
     """
     from fairseq import checkpoint_utils
     from fairseq.data import Dictionary
+    from fairseq.models.roberta import RobertaModel
 
     import seed_fairseq  # noqa: F401  (registers the model; fairseq's checkpoint loading without code)
+
+    from .models import pretraining_model_class
 
     out = Path(out)
     if out.is_dir():
@@ -142,8 +166,11 @@ def write_encoder_checkpoint(
     state = read_checkpoint(checkpoint, arg_overrides={"data": str(data)} if data else None, trust=trust)
     try:
         encoder_state = drop_heads(state)
+    except CheckpointError as e:
+        raise CheckpointError(checkpoint, e.problem) from None
     except ValueError as e:
-        raise CheckpointError(checkpoint, str(e)) from e
+        raise CheckpointError(checkpoint, str(e)) from None
+    arch = encoder_state["cfg"]["model"]["_name"]
     data_dir = recorded_data_dir(state)  # --data when given (overridden above)
     dict_path = data_dir / "dict.txt" if data_dir is not None else None
     if dict_path is None or not dict_path.is_file():
@@ -161,17 +188,33 @@ def write_encoder_checkpoint(
         torch_save(encoder_state, tmp, name=out)
         encoder_models, _ = checkpoint_utils.load_model_ensemble([str(tmp)], arg_overrides={"data": str(data_dir)})
         encoder = encoder_models[0].eval()
-        if type(encoder).__name__ != "RobertaModel":
-            raise RuntimeError(f"encoder-only checkpoint loaded as {type(encoder).__name__}")
+        expected = RobertaModel if arch == "roberta" else pretraining_model_class(arch)
+        if type(encoder) is not expected:
+            raise CheckpointError(checkpoint, f"the encoder-only checkpoint loads as {type(encoder).__name__}")
         d = full.encoder.dictionary
         g = torch.Generator().manual_seed(0)
         tokens = torch.randint(d.nspecial, len(d), (3, 17), generator=g)
         tokens[:, 0] = d.bos()
         tokens[1, 11:] = d.pad()
-        diff = (_encoder_features(full, tokens) - _encoder_features(encoder, tokens)).abs().max().item()
-        if diff > atol:
-            raise RuntimeError(f"encoder features differ after dropping the heads (max abs diff {diff:g})")
-    logger.info(f"wrote {out}: encoder-only RoBERTa checkpoint (features match, max abs diff {diff:.2e})")
+        pairs = zip(_encoder_outputs(full, tokens), _encoder_outputs(encoder, tokens))
+        diff = max((a - b).abs().max().item() for a, b in pairs)
+        if not diff <= atol:
+            raise CheckpointError(
+                checkpoint,
+                f"the encoder-only model computes other features or MLM logits than the checkpoint's (max abs "
+                f"diff {diff:g}); {out} not written",
+            )
+    if arch == "roberta":
+        what = "encoder-only RoBERTa checkpoint"
+    else:
+        facts = ", ".join(
+            f"{k}={v!r}" for k, v in encoder_architecture(encoder_state["cfg"]["model"]).beyond_roberta().items()
+        )
+        what = (
+            f"encoder-only {arch} checkpoint ({facts}: stock fairseq's roberta cannot build this encoder; "
+            "load it with the plugin, --user-dir or import seed_fairseq)"
+        )
+    logger.info(f"wrote {out}: {what} (features match, max abs diff {diff:.2e})")
     return out
 
 
@@ -199,6 +242,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, also in the middle of writing OUT (checkpoint.torch_save)
+        print(f"interrupted; rerun the same command ({args.out} appears only complete)", file=sys.stderr)
+        return 130
     return 0
 
 

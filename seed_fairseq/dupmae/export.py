@@ -102,9 +102,23 @@ def _batches(token_lists, pad: int, size: int = 64):
 
 
 def build_head(
-    fs_model, state: dict, dictionary, data, max_len: int, dim: int, top_k: int, activation: str
+    fs_model,
+    state: dict,
+    dictionary,
+    data,
+    max_len: int,
+    dim: int,
+    top_k: int,
+    activation: str,
+    *,
+    layer_norm_eps: float,
+    hf_to_fairseq: Optional[Sequence[int]] = None,
 ) -> DupMAEHead:
-    """The head: the checkpoint's MLM head + W_cls from the [CLS] vectors of the data."""
+    """The head: the checkpoint's MLM head + W_cls from the [CLS] vectors of the data.
+    ``activation`` (HF name) and ``layer_norm_eps`` are the encoder's, as the checkpoint records
+    them (``ExportJob.architecture``): its MLM head computes with them (BERT's eps is 1e-12).
+    ``hf_to_fairseq`` (``ExportJob.hf_to_fairseq``): the head reads and writes the exported
+    tokenizer's ids, so its vocabulary rows and special ids go to that order."""
     token_lists = _valid_tokens(data, dictionary, max_len, PROJECTION_TEXTS)
     hidden = fs_model.encoder.lm_head.dense.weight.size(1)
     if dim == hidden:
@@ -122,16 +136,24 @@ def build_head(
             f"export: orthogonal projection onto the top {dim} right singular vectors of the uncentred "
             f"[CLS] vectors of {len(matrix)} texts of {Path(data).resolve() / 'valid'}"
         )
+    specials = special_ids(dictionary)
+    weights = {k: state["model"][v].detach().float().clone() for k, v in LM_HEAD_KEYS.items()}
+    if hf_to_fairseq is not None:
+        order = torch.as_tensor(list(hf_to_fairseq), dtype=torch.long)  # row h of the head = fairseq row order[h]
+        weights["weight"], weights["bias"] = weights["weight"][order], weights["bias"][order]
+        to_hf = torch.empty_like(order)
+        to_hf[order] = torch.arange(len(order))
+        specials = [int(to_hf[i]) for i in specials]
     head = DupMAEHead(
         hidden,
         len(dictionary),
         dim,
         top_k,
-        special_ids(dictionary),
+        specials,
         activation=activation,
+        layer_norm_eps=layer_norm_eps,
         cls_projection=how,
     )
-    weights = {k: state["model"][v].detach().float().clone() for k, v in LM_HEAD_KEYS.items()}
     weights["cls_projection.weight"] = torch.from_numpy(projection).float()
     head.load_state_dict(weights)
     return head.eval()
@@ -143,11 +165,16 @@ def fairseq_reference(
     attention_mask: torch.Tensor,
     projection: torch.Tensor,
     special: Sequence[int],
+    hf_to_fairseq: Optional[Sequence[int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(dense, mu) the plain way: the fairseq model's features, its MLM head's full logits, a masked max."""
+    """(dense, mu) the plain way: the fairseq model's features, its MLM head's full logits, a masked max.
+    ``input_ids``, ``special`` and mu's columns are the tokenizer's ids (``hf_to_fairseq``: see :func:`build_head`)."""
+    order = None if hf_to_fairseq is None else torch.as_tensor(list(hf_to_fairseq), dtype=torch.long)
     with torch.no_grad():
-        features, _ = fs_model(input_ids, features_only=True)
+        features, _ = fs_model(input_ids if order is None else order[input_ids], features_only=True)
         logits = fs_model.encoder.lm_head(features)  # (batch, T, vocab)
+        if order is not None:
+            logits = logits[..., order]  # columns in the tokenizer's id order
         pool = attention_mask.bool() & ~torch.isin(input_ids, torch.tensor(list(special)))
         mu = logits.masked_fill(~pool.unsqueeze(-1), float("-inf")).amax(1)
         mu = torch.where(pool.any(1, keepdim=True), mu, torch.zeros_like(mu))
@@ -172,11 +199,13 @@ def max_difference(
     return max((d_ref - d_ours).abs().max().item(), (mu_ref - mu_ours).abs().max().item())
 
 
-def verify_head(fs_model, head: DupMAEHead, token_embeddings, batch, atol: float) -> float:
+def verify_head(
+    fs_model, head: DupMAEHead, token_embeddings, batch, atol: float, hf_to_fairseq: Optional[Sequence[int]] = None
+) -> float:
     """The head on the exported encoder's outputs vs the fairseq model's own MLM head; :class:`ExportError`."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     projection = head.cls_projection.weight.detach()
-    reference = fairseq_reference(fs_model, ids, mask, projection, head.head_config["special_ids"])
+    reference = fairseq_reference(fs_model, ids, mask, projection, head.head_config["special_ids"], hf_to_fairseq)
     ours = head_outputs(head, token_embeddings, mask, ids)
     diff = max_difference(reference, ours, mask)
     # logits reach tens; the encoder's features agree to ``atol``
@@ -220,7 +249,7 @@ class BuiltHead:
         batch = self._batch()
         with torch.no_grad():
             token_embeddings = self.job.hf_model(**batch).last_hidden_state
-        return verify_head(self.job.fs_model, self.head, token_embeddings, batch, self.job.atol)
+        return verify_head(self.job.fs_model, self.head, token_embeddings, batch, self.job.atol, self.job.hf_to_fairseq)
 
     def save(self, folder: Path) -> None:
         self.head.save(folder)
@@ -239,7 +268,7 @@ class BuiltHead:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         with torch.no_grad():
             token_embeddings = st[0](inputs)["token_embeddings"]
-        verify_head(self.job.fs_model, head, token_embeddings, batch, self.job.atol)
+        verify_head(self.job.fs_model, head, token_embeddings, batch, self.job.atol, self.job.hf_to_fairseq)
 
 
 class DupMAEExporter(representation.Exporter):
@@ -266,7 +295,18 @@ class DupMAEExporter(representation.Exporter):
 
     def build(self, job: ExportJob, options: dict) -> BuiltHead:
         dim, top_k = options["dim"], options["top_k"]
-        head = build_head(job.fs_model, job.state, job.dictionary, job.data, job.max_len, dim, top_k, job.activation)
+        head = build_head(
+            job.fs_model,
+            job.state,
+            job.dictionary,
+            job.data,
+            job.max_len,
+            dim,
+            top_k,
+            job.activation,
+            layer_norm_eps=job.architecture.layer_norm_eps,
+            hf_to_fairseq=job.hf_to_fairseq,
+        )
         built = BuiltHead(head, job)
         head_diff = built.check_in_memory()
         logger.info(f"DupMAE head (d'={dim}, k={top_k}) vs fairseq: max abs diff {head_diff:.2e}")

@@ -94,7 +94,8 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         "fairseq.checkpoint_utils",
         "load_checkpoint",
-        "--trust-checkpoint decided from the run's own task config, never from a checkpoint's",
+        "--trust-checkpoint decided from the run's own task config, never from a checkpoint's; a run with "
+        "checkpoints of its own resumes from them, not from --finetune-from-model (restarts.resume_config)",
         checkpoint_loading.install_run_trust,
         ("load_checkpoint(cfg, trainer)",),
     ),

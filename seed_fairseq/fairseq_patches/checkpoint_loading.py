@@ -15,6 +15,9 @@ run whatever a checkpoint from elsewhere pickled.
   --trust-checkpoint`` (a task option) allows the full unpickler for the
   checkpoints its run loads: the decision is taken around fairseq's
   ``load_checkpoint`` from the run's own task config, never from a checkpoint's.
+  The same replacement gives fairseq the config of ``restarts.resume_config``: a
+  run with checkpoints of its own resumes from them, never from
+  ``--finetune-from-model`` (fix 4).
 - ``fairseq.distributed.utils.torch``: ``distributed.utils`` unpickles what
   rank 0 of the run's own process group broadcasts (the checkpoint it loaded as
   above): the full unpickler there.
@@ -62,9 +65,10 @@ def _broadcast_load(f, map_location=None):
 def _load_checkpoint_with_run_trust(cfg, trainer, **passthrough_args):
     """fairseq's ``load_checkpoint`` under the ``--trust-checkpoint`` of the run's own task."""
     from ..checkpoint import trusting
+    from .restarts import resume_config
 
     with trusting(bool(getattr(getattr(trainer.task, "cfg", None), "trust_checkpoint", False))):
-        return _original_load_checkpoint(cfg, trainer, **passthrough_args)
+        return _original_load_checkpoint(resume_config(cfg, trainer), trainer, **passthrough_args)
 
 
 _original_load_checkpoint = None

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from ..checkpoint import CheckpointError, check_dictionary, plain_config, read_checkpoint
+from ..checkpoint import (
+    CheckpointError,
+    check_dictionary,
+    encoder_architecture,
+    plain_config,
+    read_checkpoint,
+)
 from ..fileio import OutputError, PathLike, owned_output, staged_dir
 from ..vocabulary.dictionary import dictionary_sha256
 from ..vocabulary.tokenizer import RECORD as VOCAB_RECORD
@@ -137,6 +143,10 @@ def load_inputs(
     problems = _architecture_problems(model_cfg)
     if problems:
         raise ExportError(f"{checkpoint}: arch {name!r} has no exact HuggingFace equivalent: " + "; ".join(problems))
+    try:
+        encoder_architecture(model_cfg, checkpoint)  # what the export rebuilds: every fact readable
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
 
     dictionary = Dictionary.load(str(data / "dict.txt"))
     dictionary.add_symbol("<mask>")
@@ -170,19 +180,20 @@ def hf_config(
 ) -> "XLMRobertaConfig":
     from transformers import XLMRobertaConfig
 
+    arch = encoder_architecture(model_cfg)  # the checkpoint's own facts (an import of BERT: eps 1e-12)
     return XLMRobertaConfig(
         vocab_size=vocab_size,
-        hidden_size=model_cfg["encoder_embed_dim"],
-        num_hidden_layers=model_cfg["encoder_layers"],
-        num_attention_heads=model_cfg["encoder_attention_heads"],
-        intermediate_size=model_cfg["encoder_ffn_embed_dim"],
-        hidden_act=ACTIVATIONS[model_cfg.get("activation_fn", "gelu")],
+        hidden_size=arch.embed_dim,
+        num_hidden_layers=arch.layers,
+        num_attention_heads=arch.attention_heads,
+        intermediate_size=arch.ffn_embed_dim,
+        hidden_act=ACTIVATIONS[arch.activation_fn],
         hidden_dropout_prob=model_cfg.get("dropout", 0.1),
         attention_probs_dropout_prob=model_cfg.get("attention_dropout", 0.1),
         # positions start after the padding index, in fairseq (1) and in XLM-R (pad)
-        max_position_embeddings=model_cfg["max_positions"] + pad + 1,
+        max_position_embeddings=arch.max_positions + pad + 1,
         type_vocab_size=1,
-        layer_norm_eps=model_cfg.get("encoder_layer_norm_eps") or 1e-5,
+        layer_norm_eps=arch.layer_norm_eps,
         pad_token_id=pad,
         bos_token_id=bos,
         eos_token_id=eos,
@@ -284,7 +295,8 @@ def export(
     if earlier is not None and earlier.complete and not force:
         raise ExportError(f"{out}: holds an earlier export; pass --force to replace it")
     state, cfg, model_cfg, dictionary, texts_source, dropped = load_inputs(checkpoint, data, trust_checkpoint)
-    max_len = model_cfg["max_positions"]
+    architecture = encoder_architecture(model_cfg, checkpoint)
+    max_len = architecture.max_positions
     if exporter is None:
         exporter = representations.CLS if with_lm_head else representations.default_for(cfg)
     given = {k: v for k, v in representation_options.items() if v is not None}
@@ -302,7 +314,7 @@ def export(
     src = texts_source
     config = hf_config(model_cfg, len(dictionary), with_lm_head, pad=src.pad, bos=src.bos, eos=src.eos)
     hf_model = (XLMRobertaForMaskedLM if with_lm_head else XLMRobertaModel)(config).eval()
-    hf_state = fairseq_to_hf(state["model"], model_cfg["encoder_layers"], with_lm_head, dropped_prefixes=dropped)
+    hf_state = fairseq_to_hf(state["model"], architecture.layers, with_lm_head, dropped_prefixes=dropped)
     hf_model.load_state_dict(to_hf_order(hf_state, src, with_lm_head), strict=True)
     tokenizer = src.tokenizer(max_len)
 
@@ -326,7 +338,9 @@ def export(
         texts=texts,
         max_len=max_len,
         atol=atol,
-        activation=ACTIVATIONS[model_cfg.get("activation_fn", "gelu")],
+        activation=ACTIVATIONS[architecture.activation_fn],
+        architecture=architecture,
+        hf_to_fairseq=None if src.fairseq_to_hf is None else src.hf_to_fairseq,
     )
     try:
         built = exporter.build(job, options)  # checked against fairseq (the in-memory encoder's outputs)

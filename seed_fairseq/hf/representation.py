@@ -15,7 +15,7 @@ and ``Built.verify`` (the written files, reloaded).
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Protocol
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
 
 from ..extensions import Extensions
 
@@ -42,6 +42,12 @@ class ExportJob:
     max_len: int
     atol: float
     activation: str  # the HF name of the encoder's activation
+    # every fact of the encoder as the checkpoint records it (checkpoint.EncoderArchitecture):
+    # what a representation's own modules must compute with (LayerNorm eps 1e-12 after BERT)
+    architecture: Any
+    # the fairseq id of each tokenizer id (None: the same ids); an import of BERT reorders them
+    # (vocabulary/tokenizer.py), and the exported folder speaks the tokenizer's ids
+    hf_to_fairseq: Optional[Sequence[int]]
 
 
 class Built(Protocol):

@@ -14,6 +14,7 @@ RoBERTa's ``<s> A </s>`` template.  The export then checks ids against
 fairseq on real strings before anything is written.
 """
 
+import functools
 import sys
 from typing import TYPE_CHECKING, Dict, List, Optional
 
@@ -27,11 +28,13 @@ SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
 MASK = "<mask>"
 
 
+@functools.lru_cache(maxsize=None)
 def _char_class(predicate):
     """A regex character class of every code point satisfying ``predicate``.
 
     Python's ``\\s`` and ``str.isspace`` differ from Oniguruma's ``\\s`` (e.g.
     U+001C..U+001F), so the classes are spelled out from Python's own rules.
+    Cached: it walks every code point (half a second), and every export builds a tokenizer.
     """
     ranges, start, prev = [], None, None
     for cp in range(sys.maxunicode + 1):
