@@ -330,12 +330,12 @@ def same_model(given, written, data, max_seq_length=48):
     diff = abs(encode(a, texts, show_progress=False) - encode(b, texts, show_progress=False)).max()
     assert diff <= 1e-5, diff
     runs = [evaluate_model(m, data, k=len(data.corpus), show_progress=False)[1] for m in (a, b)]
-    for q, run in runs[0].items():
-        assert all(runs[1][q][d] == pytest.approx(score, rel=1e-6, abs=1e-5) for d, score in run.items()), q
+    for q, ranked_a in runs[0].items():
+        assert all(runs[1][q][d] == pytest.approx(score, rel=1e-6, abs=1e-5) for d, score in ranked_a.items()), q
         # the same ranking, but for documents whose scores tie within float noise (a random tiny model's)
-        ranked = list(run)
+        ranked = list(ranked_a)
         for above, below in zip(ranked, ranked[1:]):
-            if run[above] - run[below] > 1e-5 * max(1.0, abs(run[above])):
+            if ranked_a[above] - ranked_a[below] > 1e-5 * max(1.0, abs(ranked_a[above])):
                 assert runs[1][q][above] > runs[1][q][below], (q, above, below)
     return a
 
