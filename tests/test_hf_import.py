@@ -444,3 +444,23 @@ def test_what_the_import_cannot_carry_is_one_error_line_before_anything_is_writt
     assert not out.exists() and not list(tmp_path.glob(".out*"))
     with pytest.raises(HFImportError, match=re.escape(problem)):  # what adapt and compare --init check up front
         check_source(model)
+
+
+def test_pooled_vectors_that_differ_from_sentence_transformers_are_never_written(sentence_model, tmp_path, monkeypatch):
+    """The import compares fairseq's pooled vectors with SentenceTransformer's, the export its written
+    modules with fairseq's: a representation read or written wrong is an error, and nothing appears."""
+    from seed_fairseq.hf import export as export_module
+    from seed_fairseq.hf import import_
+    from seed_fairseq.hf.sentence import Representation
+
+    imported = import_.import_model(sentence_model, tmp_path / "imported")  # mean pooling, dot
+    real_save = export_module.save_sentence_transformer
+    wrong = Representation("max", "dot")
+    monkeypatch.setattr(export_module, "save_sentence_transformer", lambda folder, n, rep: real_save(folder, n, wrong))
+    with pytest.raises(export_module.ExportError, match=r"SentenceTransformer's vectors \(mean pooling, dot product\)"):
+        export_module.export(imported / "checkpoint.pt", imported, tmp_path / "exported")
+    assert not (tmp_path / "exported").exists()
+    monkeypatch.setattr(import_, "read_folder", lambda folder: wrong)
+    with pytest.raises(import_.HFImportError, match="fairseq's max pooling, dot product differs from Sentence"):
+        import_.import_model(sentence_model, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()
