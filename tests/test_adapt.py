@@ -289,3 +289,18 @@ def test_bad_input_is_one_error_line_before_anything_is_written(tmp_path, capsys
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and named in errors[0], err
     assert not out.exists()
+
+
+def test_a_round_trip_that_is_not_exact_is_the_reports_first_sentence():
+    from seed_fairseq.compare.roundtrip import first_sentence, statement
+
+    check = {"texts": 88, "max_abs_diff": 3e-4, "exact": False, "given": "T -> Pooling(mean), dot",
+             "round_trip": "T -> Pooling(mean), dot"}  # fmt: skip
+    said = first_sentence(check, "minilm")
+    assert said.startswith("**The import -> export round trip does not reproduce `minilm` exactly**: its vectors and "
+                           "the re-exported model's differ by up to 0.0003 on 88 texts")  # fmt: skip
+    assert "NOT exact" in statement(check)
+    other = {**check, "max_abs_diff": None, "round_trip": "T -> Pooling(cls), dot"}
+    assert "differ in their modules or size" in first_sentence(other, "m") and "round trip: T -> Pooling(cls)" in (
+        first_sentence(other, "m"))  # fmt: skip
+    assert first_sentence({**check, "exact": True}, "minilm") == "" and "exact" in statement({**check, "exact": True})
