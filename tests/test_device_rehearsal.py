@@ -71,8 +71,8 @@ def test_device_check_installs_offline_from_the_bundle_and_passes(tmp_path):
         env=dict(os.environ, PYTHON=sys.executable),
     )
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-3000:]
-    files = [p for p in bundle.rglob("*") if p.is_file()]
-    size = sum(p.stat().st_size for p in files)
+    bundle_files = [p for p in bundle.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in bundle_files)
     assert size < BUNDLE_LIMIT, size
     assert (bundle / "data" / "preprocess.json").is_file() == wiki.is_file()
     offline = offline_prefix()
@@ -110,8 +110,8 @@ def test_device_check_installs_offline_from_the_bundle_and_passes(tmp_path):
     assert "torch==" not in venv_own and "numpy==" not in venv_own, venv_own
     built = summary.split("fairseq: built and installed in ", 1)[1].split()[0]
     print(
-        f"\ndevice rehearsal: bundle {size / 2**20:.1f} MiB in {len(files)} files (data: {data['vocab_size']} pieces); "
-        "network "
+        f"\ndevice rehearsal: bundle {size / 2**20:.1f} MiB in {len(bundle_files)} files "
+        f"(data: {data['vocab_size']} pieces); network "
         f"{'removed (unshare -n, loopback only)' if offline else 'still up (--no-index only)'}; "
         f"device_check.sh {wall:.0f} s (fairseq built in {built} s); {time.monotonic() - start:.0f} s in all\n"
         + summary
