@@ -3,7 +3,7 @@
 # (scripts/device_check.sh; docs/gpu.md, "The lent GPU machine"). Run where the package index is
 # reachable, with the project's .venv set up (scripts/setup_env.sh):
 #
-#   bash scripts/device_bundle.sh [OUT_DIR]      # default: device_bundle (git-ignored, carried)
+#   bash scripts/device_bundle.sh [--wiki FILE] [OUT_DIR]   # default: device_bundle (git-ignored, carried)
 #
 # A wheelhouse (scripts/wheelhouse.py) for Python 3.12 / manylinux x86_64: fairseq-fixed's sdist (built
 # on the machine), antlr4's sdist and the wheel built from it, wheels of hydra-core, omegaconf,
@@ -12,11 +12,27 @@
 # scripts/device_image.txt lists (torch, numpy, transformers ... are the image's), faiss (26 MB, no
 # CUDA 13 build on PyPI: gpu_check's faiss check says it is not installed) and blingfire (40 MB; only
 # sentence splitting needs it, and gpu_check builds its data one paragraph per line).
+# The check's data set, under data/ (hashed in SHA256SUMS like the rest, never installed): a
+# preprocess.build folder of the Wikipedia sample (--wiki FILE, default
+# ../shared/data/enwiki-sample-206-pages.xml.bz2 beside the checkout; CC BY-SA, never committed) with a
+# 32,768-piece vocabulary, one paragraph per line; device_check.sh passes it to gpu_check (--data).
+# Built here (~15 s, 2.6 MB): the device keeps its minutes for the checks. Without the sample this
+# says so, the bundle has no data/, and gpu_check builds the demo corpus there (16,384 pieces).
 # The interpreter that downloads the wheels is a Python 3.12: $PYTHON312, else python3.12 on PATH,
 # else pyenv's.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${1:-$ROOT/device_bundle}
+OUT="" WIKI="" WIKI_GIVEN=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --wiki) [ $# -ge 2 ] || { echo "error: --wiki needs a file" >&2; exit 2; }; WIKI=$2 WIKI_GIVEN=1; shift 2 ;;
+    -*) echo "error: $1: unknown option (device_bundle.sh [--wiki FILE] [OUT_DIR])" >&2; exit 2 ;;
+    *) [ -z "$OUT" ] || { echo "error: $1: one OUT_DIR only" >&2; exit 2; }; OUT=$1; shift ;;
+    esac
+done
+OUT=${OUT:-$ROOT/device_bundle}
+WIKI=${WIKI:-$ROOT/../shared/data/enwiki-sample-206-pages.xml.bz2}
+if [ -n "$WIKI_GIVEN" ] && [ ! -f "$WIKI" ]; then echo "error: $WIKI: --wiki: no such file" >&2; exit 2; fi
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v "$PY" || true)
 [ -n "$PY" ] || { echo "error: ${PYTHON:-.venv/bin/python}: no such interpreter (run scripts/setup_env.sh first)" >&2; exit 2; }
@@ -29,6 +45,19 @@ if ! is312 "$PY312"; then
     done
 fi
 [ -n "$PY312" ] || { echo "error: python3.12: none found (set PYTHON312=/path/to/python3.12)" >&2; exit 2; }
+DATA=()
+if [ -f "$WIKI" ]; then
+    WIKI=$(cd "$(dirname "$WIKI")" && pwd)/$(basename "$WIKI")   # as preprocess.json records it
+    TMP=$(mktemp -d)
+    trap 'rm -rf "$TMP"' EXIT
+    echo "data: preprocess.build of $WIKI, 32768 pieces"
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m preprocess.build --wiki "$WIKI" --out "$TMP/data" --vocab-size 32768 \
+        --valid-docs 3 --test-docs 2 --line-unit paragraph --workers 1 2> "$TMP/build.log" \
+        || { tail -5 "$TMP/build.log" >&2; exit 2; }
+    DATA=(--data "$TMP/data")
+else
+    echo "data: none: no Wikipedia sample at $WIKI; gpu_check will build the demo corpus on the device (16,384 pieces)"
+fi
 "$PY" "$ROOT/scripts/wheelhouse.py" make --python 3.12 --platform manylinux_2_28_x86_64 --extras hf \
-    --image "$ROOT/scripts/device_image.txt" --leave-out blingfire --download-python "$PY312" --out "$OUT"
-echo "device bundle $OUT: $(du -sh --apparent-size "$OUT" | cut -f1) in $(ls "$OUT" | wc -l) files"
+    --image "$ROOT/scripts/device_image.txt" --leave-out blingfire --download-python "$PY312" "${DATA[@]}" --out "$OUT"
+echo "device bundle $OUT: $(du -sh --apparent-size "$OUT" | cut -f1) in $(find "$OUT" -type f | wc -l) files${DATA[*]:+, data/ included}"

@@ -9,7 +9,9 @@
 #
 # Options: --bundle DIR (default: device_bundle), --out DIR (default: $OUT), --seconds N (the whole
 # command ends within N seconds plus a few, whatever happens; default 480), --no-install (use $PYTHON,
-# default .venv/bin/python, as it is). $PYTHON is the image's interpreter (default
+# default .venv/bin/python, as it is), --data DIR (gpu_check's data set, a preprocess.build folder;
+# default: the bundle's data/ when it has one, the Wikipedia sample with 32,768 pieces, else none:
+# gpu_check builds the demo corpus, 16,384 pieces). $PYTHON is the image's interpreter (default
 # /opt/torch/.venv/bin/python3, else python3); $DEVICE_VENV and $DEVICE_WORK the venv and gpu_check's
 # scratch folder (defaults under /tmp).
 #
@@ -20,17 +22,18 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 START=$(date +%s)
-DRY_RUN="" INSTALL=1 BUNDLE="$ROOT/device_bundle" DEST=${OUT:-} TOTAL=480
+DRY_RUN="" INSTALL=1 BUNDLE="$ROOT/device_bundle" DEST=${OUT:-} TOTAL=480 DATA=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
     --no-install) INSTALL=""; shift ;;
     --bundle) [ $# -ge 2 ] || { echo "error: --bundle needs a folder" >&2; exit 2; }; BUNDLE=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || { echo "error: --out needs a folder" >&2; exit 2; }; DEST=$2; shift 2 ;;
+    --data) [ $# -ge 2 ] || { echo "error: --data needs a folder" >&2; exit 2; }; DATA=$2; shift 2 ;;
     --seconds)
         [[ $# -ge 2 && "$2" =~ ^[0-9]+$ && "$2" -ge 60 ]] || { echo "error: --seconds ${2:-}: a whole number, 60 or more" >&2; exit 2; }
         TOTAL=$2; shift 2 ;;
-    *) echo "error: $1: unknown option (device_check.sh [--dry-run] [--no-install] [--bundle DIR] [--out DIR] [--seconds N])" >&2
+    *) echo "error: $1: unknown option (device_check.sh [--dry-run] [--no-install] [--bundle DIR] [--data DIR] [--out DIR] [--seconds N])" >&2
        exit 2 ;;
     esac
 done
@@ -47,6 +50,8 @@ if [ -n "$INSTALL" ]; then
 else
     IMAGE_PY=${PYTHON:-$ROOT/.venv/bin/python}
 fi
+# the check's data set: --data, else the bundle's (device_bundle.sh: the Wikipedia sample), else gpu_check builds one
+[ -n "$DATA" ] || { [ -f "$BUNDLE/data/preprocess.json" ] && DATA="$BUNDLE/data"; }
 VENV=${DEVICE_VENV:-/tmp/seed-fairseq-device-venv}
 WORK=${DEVICE_WORK:-/tmp/seed-fairseq-device-work}
 SUMMARY="$DEST/device_check.txt"
@@ -73,6 +78,11 @@ fi
     echo "== pip list of the image"; timeout 60 "$IMAGE_PY" -m pip list --format=freeze 2>/dev/null
 } > "$DEST/versions.txt" 2>&1
 note "torch: $(grep -A1 '^== torch' "$DEST/versions.txt" | tail -1)"
+if [ -n "$DATA" ]; then
+    note "data: $DATA ($(grep -o '"vocab_size": [0-9]*' "$DATA/preprocess.json" 2>/dev/null | head -1 | grep -o '[0-9]*$' || echo '?') pieces; gpu_check --data checks it)"
+else
+    note "data: none in $BUNDLE: gpu_check builds the demo corpus"
+fi
 
 # ---- the install -------------------------------------------------------------------------------
 if [ -n "$INSTALL" ]; then
@@ -114,7 +124,7 @@ T0=$(date +%s)
 # gpu_check ends itself inside its budget (every check has a deadline); SIGINT 10 s after it, SIGKILL
 # 10 s later, whatever happens: its report is rewritten after every check, so even then one is left
 PYTHON="$PY" timeout -s INT -k 10 $((BUDGET + 10)) bash "$ROOT/scripts/gpu_check.sh" ${DRY_RUN:+--dry-run} \
-    --out "$WORK" --budget-seconds "$BUDGET" > "$DEST/gpu_check.log" 2>&1
+    ${DATA:+--data "$DATA"} --out "$WORK" --budget-seconds "$BUDGET" > "$DEST/gpu_check.log" 2>&1
 RC=$?
 note "gpu_check: exit $RC in $(( $(date +%s) - T0 )) s (budget $BUDGET s)"
 for f in gpu_check.json gpu_check.md; do
@@ -123,6 +133,7 @@ done
 [ -s "$WORK/work/tracebacks.log" ] && cp "$WORK/work/tracebacks.log" "$DEST/tracebacks.log"
 if [ -f "$DEST/gpu_check.md" ]; then
     note "report: $(head -1 "$DEST/gpu_check.md" | sed 's/^# //')"
+    grep -m1 '^Data: ' "$DEST/gpu_check.md" | tee -a "$SUMMARY"
     grep -E '^(Failed|Not run)' "$DEST/gpu_check.md" | tee -a "$SUMMARY"
 else
     note "report: none written (see gpu_check.log)"

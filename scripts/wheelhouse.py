@@ -20,6 +20,8 @@ What goes into DIR (for one target Python and platform):
   during resolution, so only what the image lacks is downloaded (``scripts/device_bundle.sh``);
   ``--leave-out NAME`` drops a requirement the target does not need (blingfire, 40 MB);
 - never torchaudio (fairseq requires it, text training never imports it, the online set-up removes it);
+- with ``--data DIR``, a copy of DIR's files under ``data/``: what the target needs beside the packages
+  (the device check's data set, ``scripts/device_bundle.sh``), hashed in ``SHA256SUMS``, never installed;
 - ``wheelhouse.json`` (the record: target, extras, the fairseq sdist, build and install lists, and
   ``files``, every file of the folder), ``requirements.txt`` (the requirements, markers evaluated for
   the target: for people), ``requirements.lock`` (every file as ``name==version --hash=sha256:...``:
@@ -30,8 +32,8 @@ and put in place only when complete; an earlier wheelhouse is replaced file by f
 its record lists (an entry outside the folder, or through a link, is refused before anything changes),
 and a folder holding files its record does not list is refused before anything is downloaded.
 
-``check DIR [PLAN_DIR]`` (setup_env.sh): refuses a folder with a file that SHA256SUMS does not list, a
-listed file missing or altered, or a lock that disagrees with SHA256SUMS; writes the lock's lines of
+``check DIR [PLAN_DIR]`` (setup_env.sh): refuses a folder with a file that SHA256SUMS does not list (under
+``data/`` too), a listed file missing or altered, or a lock that disagrees with SHA256SUMS; writes the lock's lines of
 each install step into PLAN_DIR and prints the plan as shell assignments.
 
 Dependency markers are evaluated by pip for the interpreter that runs it, so the wheels are
@@ -69,6 +71,7 @@ BUILD = [*BUILD_TOOLS, "cython", "numpy>=1.21.3,<2.3"]
 # pure-Python dependencies with no wheel on PyPI: their sdist is built into a wheel here
 SOURCE_ONLY = ["antlr4-python3-runtime==4.9.*"]
 MANIFEST = (RECORD, "requirements.txt", "requirements.lock", "SHA256SUMS")
+DATA = "data"  # --data's files: hashed in SHA256SUMS like the packages, never installed
 # the steps of setup_env.sh --wheelhouse, each a file of the lock's lines (check's PLAN_DIR)
 STEPS = ("build", "torch", "install", "fairseq")
 
@@ -126,6 +129,12 @@ def parse_args(argv):
         default=None,
         help="the interpreter of the target's version that downloads the wheels (default: pythonX.Y on PATH)",
     )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help=f"a folder whose files the target needs beside the packages: copied to DIR/{DATA}/ and hashed",
+    )
     args = p.parse_args(argv)
     m = re.fullmatch(r"3\.(\d+)", args.python)
     if not m:
@@ -135,7 +144,25 @@ def parse_args(argv):
     args.extras = sorted({e.strip() for e in args.extras.split(",") if e.strip()})
     args.image_packages = read_image(args.image) if args.image else {}
     args.leave_out = sorted({canonical(n) for n in args.leave_out})
+    args.data_files = data_files(args.data) if args.data else []
     return args
+
+
+def data_files(folder):
+    """The files of a --data folder, relative and sorted; refused before anything is downloaded: a
+    missing or empty folder, a link (what the target gets must be what was checked here)."""
+    folder = Path(folder)
+    if not folder.is_dir() or folder.is_symlink():
+        raise Refused(f"{folder}: --data must be a folder (not a link)")
+    files = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            raise Refused(f"{path}: --data holds a link or a special file: only plain files are copied")
+        if path.is_file():
+            files.append(path.relative_to(folder).as_posix())
+    if not files:
+        raise Refused(f"{folder}: --data holds no file")
+    return files
 
 
 def canonical(name):
@@ -304,15 +331,16 @@ def write_manifest(folder, meta):
 
     files = [rel for rel in staged_files(folder) if rel not in MANIFEST]
     hashes = {name: sha256(folder / name) for name in files}
+    packages = [name for name in files if not name.startswith(f"{DATA}/")]
     pins = {}
-    for name in files:
+    for name in packages:
         parsed = parse_wheel_filename(name) if name.endswith(".whl") else parse_sdist_filename(name)
         pins.setdefault(f"{parsed[0]}=={parsed[1]}", []).append(hashes[name])
     lock = [f"{pin} " + " ".join(f"--hash=sha256:{h}" for h in hs) for pin, hs in sorted(pins.items())]
     (folder / "requirements.lock").write_text("\n".join(lock) + "\n")
     (folder / "SHA256SUMS").write_text("".join(f"{hashes[n]}  {n}\n" for n in files))
     (folder / "requirements.txt").write_text("\n".join(meta["install"]) + "\n")
-    meta.update(packages=len(files), bytes=sum((folder / n).stat().st_size for n in files))
+    meta.update(packages=len(packages), bytes=sum((folder / n).stat().st_size for n in files))
     write_output_record(folder, RECORD, meta)  # adds "files": everything above and the record itself
     return meta
 
@@ -394,12 +422,24 @@ def make(args):
     # DIR is whole, or as it was
     try:
         with staged_output(out, RECORD, TOOL, replace=True) as partial, tempfile.TemporaryDirectory() as tmp:
-            meta = write_manifest(partial, download(args, runner, Path(tmp), partial))
+            meta = download(args, runner, Path(tmp), partial)
+            meta["data"] = copy_data(args, partial) if args.data else None
+            meta = write_manifest(partial, meta)
     except OutputError as e:
         raise Refused(str(e)) from None
     print(f"wheelhouse {out}: {meta['packages']} files, {meta['bytes'] / 1e6:.1f} MB, Python {args.python}, "
           f"platform {meta['platform']}, extras {','.join(args.extras) or '-'}, "
           f"torch {'included' if args.with_torch else 'not included (the target keeps its own)'}")  # fmt: skip
+
+
+def copy_data(args, partial):
+    """--data's files (listed before the download) into ``partial/data``; the record's ``data`` field."""
+    target = Path(partial) / DATA
+    for rel in args.data_files:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(args.data / rel, target / rel)
+    size = sum((target / rel).stat().st_size for rel in args.data_files)
+    return {"from": str(args.data.absolute()), "folder": DATA, "files": len(args.data_files), "bytes": size}
 
 
 def _normal(name):
@@ -438,13 +478,20 @@ def check(folder, plan_dir=None):
         raise Refused(f"{meta_path}: unreadable wheelhouse record ({e})") from None
     for name, digest in listed.items():
         path = folder / name
-        if "/" in name or name in MANIFEST or not path.is_file() or path.is_symlink():
+        # a package at the top; the data's files under data/, never through a link
+        inside = "/" not in name or (name.startswith(f"{DATA}/") and path.resolve() == folder / name)
+        if not inside or name in MANIFEST or not path.is_file() or path.is_symlink():
             raise Refused(f"{path}: listed in SHA256SUMS but missing")
         if sha256(path) != digest:
             raise Refused(f"{path}: sha256 differs from SHA256SUMS")
     for entry in sorted(folder.iterdir()):
-        if entry.name not in MANIFEST and entry.name not in listed:
+        if entry.name == DATA and entry.is_dir() and not entry.is_symlink():
+            for path in sorted(entry.rglob("*")):
+                if (path.is_symlink() or not path.is_dir()) and path.relative_to(folder).as_posix() not in listed:
+                    raise Refused(f"{path}: not listed in SHA256SUMS: the bundle's data is what was checked")
+        elif entry.name not in MANIFEST and entry.name not in listed:
             raise Refused(f"{entry}: not listed in SHA256SUMS: only the wheelhouse's own files may be installed")
+    listed = {name: digest for name, digest in listed.items() if "/" not in name}  # the packages
     pinned = {}
     for fields in lock:
         pin, hashes = fields[0], {h.split(":", 1)[-1] for h in fields[1:] if h.startswith("--hash=")}

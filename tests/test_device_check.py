@@ -21,8 +21,8 @@ EXPECTED_CHECKS = (
 )
 
 
-def device_check(out, work, *args):
-    env = {"PYTHON": sys.executable, "MKL_NUM_THREADS": "1", "DEVICE_WORK": str(work)}
+def device_check(out, work, *args, python=sys.executable, **env):
+    env = {"PYTHON": str(python), "MKL_NUM_THREADS": "1", "DEVICE_WORK": str(work), **env}
     return run(["bash", SCRIPT, "--dry-run", "--no-install", "--out", out, *args], env=env, cwd=REPO)
 
 
@@ -38,10 +38,37 @@ def test_bad_options_are_one_error_line(tmp_path):
     assert proc.returncode == 2 and "no --out DIR and no $OUT" in proc.stderr
 
 
+def test_the_bundles_data_set_is_passed_to_gpu_check(tmp_path):
+    """The bundle's data/ (device_bundle.sh: the Wikipedia sample's build, 32,768 pieces) goes to gpu_check
+    as --data, and the summary says so; a bundle without it leaves gpu_check to build the demo corpus.
+    gpu_check itself is a stand-in here that records its arguments."""
+    calls = tmp_path / "calls.txt"
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho "$*" >> "$CALLS"\n')
+    python.chmod(0o755)
+    bundle = tmp_path / "bundle"
+    (bundle / "data").mkdir(parents=True)
+    (bundle / "data" / "preprocess.json").write_text('{\n  "config": {\n    "vocab_size": 32768\n  }\n}\n')
+    for name, has_data in (("with", True), ("without", False)):
+        out = tmp_path / name
+        where = bundle if has_data else tmp_path / "no-bundle"
+        proc = device_check(out, tmp_path / "work", "--bundle", where, python=python, CALLS=str(calls))
+        assert proc.returncode == 0, proc.stderr
+        gpu_check = [line for line in calls.read_text().splitlines() if "-m seed_fairseq.gpucheck" in line][-1]
+        summary = (out / "device_check.txt").read_text()
+        if has_data:
+            assert f"--data {bundle}/data --out" in gpu_check, gpu_check
+            assert f"data: {bundle}/data (32768 pieces; gpu_check --data checks it)" in summary, summary
+        else:
+            assert "--data" not in gpu_check, gpu_check
+            assert "data: none in" in summary and "gpu_check builds the demo corpus" in summary, summary
+
+
 @pytest.mark.slow
 def test_dry_run_passes_every_check_within_the_budget(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = device_check(out, work, "--seconds", "420")
+    # no bundle: gpu_check builds its data from the demo corpus (a bundle's data/ would be passed as --data)
+    proc = device_check(out, work, "--seconds", "420", "--bundle", tmp_path / "no-bundle")
     summary = (out / "device_check.txt").read_text()
     assert proc.returncode == 0, f"{summary}\n{proc.stderr[-3000:]}\n{(out / 'gpu_check.log').read_text()[-6000:]}"
     # what the device tool brings back: at most 8 files, none in a folder
@@ -50,6 +77,7 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
     assert files == ["device_check.txt", "gpu_check.json", "gpu_check.log", "gpu_check.md", "nvidia-smi.txt",
                      "versions.txt"]  # fmt: skip
     assert "install: skipped (--no-install)" in summary and "gpu_check: exit 0" in summary
+    assert "data: none in" in summary and "Data: a 500-piece vocabulary" in summary, summary
     rep = json.loads((out / report.JSON_NAME).read_text())
     assert rep["dry_run"] is True and rep["device"] == "cpu" and rep["passed"] is True and rep["failed"] == []
     assert rep["not_run"] == [] and 0 < rep["budget_seconds"] <= 400
@@ -78,6 +106,10 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
         assert entry["projection"]["gpus"]["8"]["measured_hours"] > 0, name
     assert rep["objectives"]["masked_lm"]["training"]["bf16"]["speed_vs_masked_lm"] == 1.0
     assert rep["encoding"]["bf16"]["docs_per_second"] > 0
+    # the data set it built, and what the report says of it
+    data = rep["data"]
+    assert data["given"] is False and data["vocab_size"] == rep["profile"]["vocab_size"] == 500, data
+    assert [(s["kind"], s["file"]) for s in data["sources"]] == [("text", "demo_corpus.txt")] and data["copies"] == 1
     md = (out / report.MARKDOWN_NAME).read_text()
     assert md.startswith("# gpu_check: PASSED (dry run on the CPU)")
     for name in EXPECTED_CHECKS:

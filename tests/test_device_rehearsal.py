@@ -10,7 +10,9 @@ Opt-in (downloads ~3 GB once for the image venv, builds fairseq: ~8 min on 2 cor
 
     SEED_DEVICE_REHEARSAL=1 pytest -q -s -p no:cacheprovider tests/test_device_rehearsal.py
 
-$SEED_IMAGE_PYTHON names an image venv's python to use instead of making one.
+$SEED_IMAGE_PYTHON names an image venv's python to use instead of making one. The bundle carries the
+check's data set (the Wikipedia sample's build, 32,768 pieces) when the sample is there:
+../shared/data/enwiki-sample-206-pages.xml.bz2 beside the checkout, or $SEED_WIKI_SAMPLE.
 """
 
 import json
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, WIKI_SAMPLE
 
 REHEARSAL = os.environ.get("SEED_DEVICE_REHEARSAL") == "1"
 BUNDLE_LIMIT = 40 * 2**20  # what the device tool carries with the working tree: 64 MiB in all
@@ -61,15 +63,18 @@ def test_device_check_installs_offline_from_the_bundle_and_passes(tmp_path):
         assert made.returncode == 0, made.stderr[-3000:]
         image_python = str(Path.home() / ".cache" / "seed_fairseq" / "image-py312" / "bin" / "python")
     bundle, out = tmp_path / "bundle", tmp_path / "out"
+    wiki = Path(os.environ.get("SEED_WIKI_SAMPLE") or WIKI_SAMPLE)
     made = subprocess.run(
-        ["bash", REPO / "scripts" / "device_bundle.sh", bundle],
+        ["bash", REPO / "scripts" / "device_bundle.sh", *(["--wiki", wiki] if wiki.is_file() else []), bundle],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHON=sys.executable),
     )
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-3000:]
-    size = sum(p.stat().st_size for p in bundle.iterdir())
+    bundle_files = [p for p in bundle.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in bundle_files)
     assert size < BUNDLE_LIMIT, size
+    assert (bundle / "data" / "preprocess.json").is_file() == wiki.is_file()
     offline = offline_prefix()
     env = clean_env(PYTHON=image_python, DEVICE_VENV=str(tmp_path / "venv"), DEVICE_WORK=str(tmp_path / "work"))
     if not offline:
@@ -89,6 +94,13 @@ def test_device_check_installs_offline_from_the_bundle_and_passes(tmp_path):
     assert "fairseq: built and installed in" in summary, summary
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["passed"] and report["failed"] == [] and report["not_run"] == [], summary
+    # the bundle's data set, checked and read where it is; without the sample, one built from the demo corpus
+    data = report["data"]
+    if wiki.is_file():
+        assert data["given"] and data["vocab_size"] == 32768 and data["sources"][0]["file"] == wiki.name, data
+        assert "(32768 pieces; gpu_check --data checks it)" in summary, summary
+    else:
+        assert not data["given"] and data["sources"][0]["file"] == "demo_corpus.txt", data
     faiss = next(c for c in report["checks"] if c["name"] == "faiss")
     assert faiss["status"] == "skip" and "faiss is not installed" in faiss["detail"]  # not in the image
     # the venv kept the image's torch and numpy: nothing of them came from the bundle
@@ -98,7 +110,8 @@ def test_device_check_installs_offline_from_the_bundle_and_passes(tmp_path):
     assert "torch==" not in venv_own and "numpy==" not in venv_own, venv_own
     built = summary.split("fairseq: built and installed in ", 1)[1].split()[0]
     print(
-        f"\ndevice rehearsal: bundle {size / 2**20:.1f} MiB in {len(list(bundle.iterdir()))} files; network "
+        f"\ndevice rehearsal: bundle {size / 2**20:.1f} MiB in {len(bundle_files)} files "
+        f"(data: {data['vocab_size']} pieces); network "
         f"{'removed (unshare -n, loopback only)' if offline else 'still up (--no-index only)'}; "
         f"device_check.sh {wall:.0f} s (fairseq built in {built} s); {time.monotonic() - start:.0f} s in all\n"
         + summary

@@ -85,6 +85,59 @@ def test_out_paths_it_cannot_use_are_one_error_line_before_anything(tmp_path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def fake_build(folder, vocab=500, shards=1, missing=()):
+    """A folder as preprocess.build leaves it, as far as --data's check reads it (its record, its files)."""
+    from preprocess.record import RECORD_FORMAT
+
+    folder.mkdir(parents=True)
+    outputs = ["dict.txt", "preprocess.json", "spm.model", "train.bin", "train.idx"]
+    for name in outputs[:1] + outputs[2:]:
+        if name not in missing:
+            (folder / name).write_bytes(b"x\n")
+    record = {"format": RECORD_FORMAT, "outputs": outputs, "shards": shards, "sentencepiece": {"vocab_size": vocab}}
+    (folder / "preprocess.json").write_text(json.dumps(record))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, says",
+    [
+        ("missing", "no such folder: --data takes the --out of python -m preprocess.build"),
+        ("a file", "not a folder: --data takes the --out of python -m preprocess.build"),
+        ("not a build", "no preprocess.json of a finished build: --data takes the --out of python -m preprocess"),
+        ("incomplete copy", "train.bin: listed in preprocess.json but missing: an incomplete copy of the build"),
+        ("shards", "a build of 2 shards: gpu_check reads one (build with --shards 1)"),
+        ("inside --out", "--data: is inside --out"),
+        ("holds --out", "--out is inside --data"),
+        ("--vocab-size", "--vocab-size 300: --data"),
+    ],
+)
+def test_a_bad_data_folder_is_one_error_line_before_anything(tmp_path, capsys, case, says):
+    """--data is an input: a folder that is not a finished one-shard build of preprocess.build (with every
+    file its record lists), or one inside --out (or holding it), is refused before anything is written."""
+    out, data, extra = tmp_path / "out", tmp_path / "data", []
+    if case == "a file":
+        data.write_text("not a build\n")
+    elif case == "not a build":
+        data.mkdir()
+        (data / "notes.txt").write_text("mine\n")
+    elif case == "incomplete copy":
+        fake_build(data, missing=("train.bin",))
+    elif case == "shards":
+        fake_build(data, shards=2)
+    elif case == "inside --out":
+        data = fake_build(out / "data")
+    elif case == "holds --out":
+        out = fake_build(data) / "out"
+    elif case == "--vocab-size":
+        fake_build(data, vocab=500)
+        extra = ["--vocab-size", "300"]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    line = one_error_line(capsys, cli.main(["--dry-run", "--out", str(out), "--data", str(data), *extra]))
+    assert says in line, line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def test_a_corpus_that_is_not_utf8_is_one_error_line_before_anything(tmp_path, capsys):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("Une tasse de café.\n\nDeux.\n".encode("latin-1"))

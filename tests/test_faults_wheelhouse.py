@@ -187,3 +187,41 @@ def test_every_step_installs_the_lock_with_hashes_and_pip_takes_no_other_file(tm
     tiny_wheel(wh, "tinypkg", "1.0", content="x = 2  # altered\n")  # same name, other bytes
     bad = subprocess.run([*pip, "--upgrade"], capture_output=True, text=True, env=env)
     assert bad.returncode != 0 and "hash" in bad.stderr.lower(), bad.stderr
+
+
+# ---- the device bundle's data set (--data) ------------------------------------------------------
+
+
+def test_the_data_is_copied_hashed_and_checked_like_the_packages(tmp_path, wheelhouse_mod, capsys, monkeypatch):
+    """``--data DIR`` (device_bundle.sh: the GPU check's data set): DIR's files under ``data/``, listed in
+    SHA256SUMS and the record, never in the lock; setup_env.sh's check passes them and refuses a data file
+    altered or not listed, as it does a wheel; a link in DIR is refused before anything is downloaded."""
+    data = tmp_path / "build"
+    (data / "sub").mkdir(parents=True)
+    (data / "dict.txt").write_text("a 1\n")
+    (data / "sub" / "train.bin").write_bytes(b"\0\1\2")
+    out = tmp_path / "wh"
+    monkeypatch.setattr(wheelhouse_mod, "download", stand_in_download([("alpha", "1.0")]))
+    code = wheelhouse_mod.main(["make", "--out", str(out), "--data", str(data)])
+    assert code == 0, capsys.readouterr().err
+    record = json.loads((out / "wheelhouse.json").read_text())
+    assert {"data/dict.txt", "data/sub/train.bin"} <= set(record["files"])
+    assert record["data"]["files"] == 2 and record["data"]["bytes"] == 7 and record["packages"] == 2
+    sums = (out / "SHA256SUMS").read_text()
+    digest = hashlib.sha256((data / "dict.txt").read_bytes()).hexdigest()
+    assert f"{digest}  data/dict.txt\n" in sums and "  data/sub/train.bin\n" in sums
+    assert "data" not in (out / "requirements.lock").read_text()
+    venv = fake_venv(tmp_path / "venv", with_torch=True)
+    ok = bash(SETUP_ENV, "--wheelhouse", out, "--dry-run", env={"VENV": str(venv)})
+    assert ok.returncode == 0, ok.stderr
+    (out / "data" / "sub" / "extra.bin").write_bytes(b"x")
+    line = refused(bash(SETUP_ENV, "--wheelhouse", out, "--dry-run", env={"VENV": str(venv)}))
+    assert f"{out}/data/sub/extra.bin: not listed in SHA256SUMS" in line, line
+    (out / "data" / "sub" / "extra.bin").unlink()
+    (out / "data" / "dict.txt").write_text("b 1\n")
+    line = refused(bash(SETUP_ENV, "--wheelhouse", out, "--dry-run", env={"VENV": str(venv)}))
+    assert f"{out}/data/dict.txt: sha256 differs from SHA256SUMS" in line, line
+    (data / "linked.txt").symlink_to(data / "dict.txt")
+    assert wheelhouse_mod.main(["make", "--out", str(tmp_path / "wh2"), "--data", str(data)]) == 2
+    assert "linked.txt: --data holds a link" in capsys.readouterr().err
+    assert not (tmp_path / "wh2").exists()

@@ -95,6 +95,33 @@ def test_a_failed_check_is_exit_status_1_and_in_the_report(tmp_path, monkeypatch
     assert md.startswith("# gpu_check: FAILED") and "| faiss | fail | faiss scores differ by 0.5 > 1e-3 |" in md
 
 
+def test_data_given_with_data_is_trained_on_where_it_is_and_reported(tmp_path, monkeypatch, demo_data_bin):
+    """--data DIR (the device bundle's Wikipedia build): no data set is built, every run reads DIR, and
+    the report states DIR's vocabulary and the text it came from (the checks themselves stubbed)."""
+    seen = {}
+
+    class Stub(cli.GpuCheck):
+        def run(self):
+            seen.update(data=self.data, vocab=self.p.vocab_size)
+            self.add(report.Check("generator", report.PASS, "ok"))
+            return self.write_report()
+
+    monkeypatch.setattr(cli, "GpuCheck", Stub)
+    out = tmp_path / "out"
+    assert cli.main(["--dry-run", "--out", str(out), "--data", str(demo_data_bin)]) == 0
+    assert seen == {"data": demo_data_bin, "vocab": 500}
+    assert not (out / "data-bin").exists()
+    rep = json.loads((out / report.JSON_NAME).read_text())
+    assert rep["profile"]["vocab_size"] == 500
+    data = rep["data"]
+    assert data["given"] is True and data["folder"] == str(demo_data_bin) and data["vocab_size"] == 500
+    assert [(s["kind"], s["file"]) for s in data["sources"]] == [("text", "demo_corpus.txt")]
+    assert data["train_tokens"] > 0
+    md = (out / report.MARKDOWN_NAME).read_text()
+    assert f"Data: a 500-piece vocabulary, {data['train_tokens']:,} training tokens; the --data folder " in md
+    assert f"from text demo_corpus.txt (sha256 {data['sources'][0]['sha256'][:12]})." in md
+
+
 def test_an_output_folder_of_someone_else_is_refused(tmp_path, capsys):
     theirs = tmp_path / "theirs"
     theirs.mkdir()

@@ -1,14 +1,17 @@
 """``scripts/gpu_check.sh`` / ``python -m seed_fairseq.gpucheck``: verify a CUDA machine in one command.
 
     OUT/.gpu_check        the tool's record: the folder is its own (a rerun replaces only its files)
-    OUT/data-bin/         preprocess.build of the shipped demo corpus (reused by a rerun)
+    OUT/data-bin/         preprocess.build of the shipped demo corpus (reused by a rerun); not with
+                          --data DIR, a preprocess.build folder read where it is (the device bundle's:
+                          the Wikipedia sample, 32,768 pieces; scripts/device_bundle.sh)
     OUT/work/             SimLM's generator, the fairseq-train runs, the export (replaced by a rerun)
     OUT/gpu_check.json    everything measured, every check's status
     OUT/gpu_check.md      the same for people (docs/gpu.md explains each line)
 
 The stages, each a parameter of one code path (``profile.py``):
 
-1. data: ``preprocess.build`` of the demo corpus (repeated: enough blocks for the largest batch);
+1. data: ``--data DIR``, or ``preprocess.build`` of the demo corpus (repeated: enough blocks for the
+   largest batch); the report states the vocabulary and where the text came from;
 2. per objective of the registry and fairseq's ``masked_lm``, per precision: the largest batch that
    fits (``search.py``), then N updates (``runs.py``): losses finite and falling, loss-scale events,
    peak memory, words/s, FLOPs, MFU, the ratio to ``masked_lm``, the projection of the paper's run;
@@ -33,6 +36,7 @@ but some were not run (out of time), 128 + N interrupted by signal N (the report
 """
 
 import argparse
+import hashlib
 import json
 import math
 import shutil
@@ -132,7 +136,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "without time is reported as not run (exit 3 when nothing failed)",
     )
     p.add_argument("--objectives", default=None, help="comma-separated names (default: all, and masked_lm)")
-    p.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="the text the data set is built from (UTF-8)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="a finished preprocess.build folder to train on (its vocabulary and text) instead of building one "
+        "from --corpus",
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=DEMO_CORPUS,
+        help="the text the data set is built from (UTF-8), and the documents encoded (default: the demo corpus)",
+    )
     p.add_argument(
         "--vocab-size",
         type=_int_in(1, MAX_VOCAB, "sentencepiece takes 1 to 2^31 - 1; the text decides the real bounds"),
@@ -160,6 +176,45 @@ def check_corpus(path: Path) -> None:
         raise InputError(path, "is empty: --corpus needs text")
 
 
+def check_data(path: Path) -> Dict:
+    """The --data folder described for the report; :class:`InputError` unless it is a finished
+    ``preprocess.build`` folder of one shard with every file its record lists (checked before anything
+    is written)."""
+    from preprocess.record import RECORD as BUILD_RECORD
+    from preprocess.record import load_record, record_outputs
+
+    usage = "--data takes the --out of python -m preprocess.build"
+    if not path.is_dir():
+        raise InputError(path, f"{'not a folder' if path.exists() else 'no such folder'}: {usage}")
+    record = load_record(path)
+    if record is None:
+        raise InputError(path, f"no {BUILD_RECORD} of a finished build: {usage}")
+    if record.get("shards", 1) != 1:
+        raise InputError(path, f"a build of {record.get('shards')} shards: gpu_check reads one (build with --shards 1)")
+    missing = [f for f in record_outputs(record) if not (path / f).is_file()]
+    if missing:
+        raise InputError(path / missing[0], f"listed in {BUILD_RECORD} but missing: an incomplete copy of the build")
+    return describe_data(path, record, given=True)
+
+
+def describe_data(folder: Path, record: Dict, given: bool) -> Dict:
+    """What the report says of the data set: where it is, its vocabulary, the text it was built from."""
+    pieces = (record.get("sentencepiece") or {}).get("vocab_size") or (record.get("config") or {}).get("vocab_size")
+    sources = [
+        {"kind": s.get("kind"), "file": Path(str(s.get("path", ""))).name, "sha256": s.get("sha256")}
+        for s in record.get("sources") or []
+        if isinstance(s, dict)
+    ]
+    return {
+        "folder": str(folder),
+        "given": given,  # --data, or built by this run
+        "vocab_size": pieces,
+        "dictionary": (record.get("fairseq_dictionary") or {}).get("size_with_specials"),
+        "sources": sources,
+        "train_tokens": ((record.get("splits") or {}).get("train0") or {}).get("tokens"),
+    }
+
+
 def fail_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
@@ -173,12 +228,15 @@ class GpuCheck:
         corpus: Path,
         only: Optional[List[str]],
         budget: Optional[Budget] = None,
+        data: Optional[Dict] = None,
     ):
         self.p, self.out, self.corpus, self.only = profile, out, corpus, only
         self.budget = budget or Budget(None)
         self.start = time.time()
         self.work = out / "work"
-        self.data = out / "data-bin"
+        # --data (check_data's description), or the data set this run builds from the corpus
+        self.data_info = data or {}
+        self.data = Path(data["folder"]) if data else out / "data-bin"
         self.checks: List[Check] = []
         self.objectives: Dict[str, Dict] = {}
         self.first_updates: Dict[tuple, Dict[str, float]] = {}
@@ -197,6 +255,7 @@ class GpuCheck:
             self.p, self.checks, self.objectives, time.time() - self.start, self.budget.seconds, running=running
         )
         result["encoding"] = getattr(self, "encoding_results", {})
+        result["data"] = self.data_info
         return result
 
     def write_report(self, running: bool = False) -> Dict:
@@ -254,6 +313,12 @@ class GpuCheck:
             workers=1,
             line_unit="paragraph",
         )
+        from preprocess.record import load_record
+
+        self.data_info = describe_data(self.data, load_record(self.data) or {}, given=False)
+        digest = hashlib.sha256(self.corpus.read_bytes()).hexdigest()  # the text before its copies
+        self.data_info.update(sources=[{"kind": "text", "file": self.corpus.name, "sha256": digest}])
+        self.data_info["copies"] = self.p.corpus_copies
 
     def make_generator(self) -> Check:
         from .runs import save_generator
@@ -477,7 +542,10 @@ class GpuCheck:
         if self.work.exists():
             shutil.rmtree(self.work)  # this tool's own scratch folder (the record says the folder is ours)
         self.work.mkdir(parents=True)
-        self.build_data()
+        if self.data_info.get("given"):
+            say(f"data: {self.data} (--data), {self.data_info['vocab_size']} pieces")
+        else:
+            self.build_data()
 
     def run(self) -> Dict:
         generator = self.work / "generator.pt"
@@ -559,8 +627,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         check_corpus(args.corpus)
+        data = check_data(args.data) if args.data else None
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if data and args.vocab_size and args.vocab_size != data["vocab_size"]:
+        print(f"error: --vocab-size {args.vocab_size}: --data {args.data} has {data['vocab_size']} pieces; "
+              "leave --vocab-size out", file=sys.stderr)  # fmt: skip
         return 2
     only = [n.strip() for n in args.objectives.split(",") if n.strip()] if args.objectives else None
     if only:
@@ -571,7 +644,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
     try:
         check_out_path(args.out)
-        check_apart(args.out, [("--corpus", args.corpus)], TOOL)
+        check_apart(args.out, [("--corpus", args.corpus), ("--data", args.data)], TOOL)
         check_output_dir(args.out, RECORD, TOOL)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -584,7 +657,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         profile.updates = args.updates
     if args.vocab_size:
         profile.vocab_size = args.vocab_size
-    check = GpuCheck(profile, args.out, args.corpus, only, budget)
+    if data:
+        profile.vocab_size, profile.corpus_copies = data["vocab_size"], 0
+    check = GpuCheck(profile, args.out, args.corpus, only, budget, data)
     with handle_interrupts():
         try:
             return _run(check, args, profile, budget)

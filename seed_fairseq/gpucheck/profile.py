@@ -188,7 +188,9 @@ def cuda_profile(updates: int = 30, peak_override: Optional[float] = None) -> Pr
         updates=updates,
         warmup=max(1, updates // 5),
         lr=5e-4,
-        vocab_size=16384,  # the demo corpus allows at most ~20.9k pieces; the papers use ~30k
+        # without --data (the device bundle's Wikipedia build: 32,768 pieces, the papers' ~30k): the demo
+        # corpus allows at most ~20.9k pieces
+        vocab_size=16384,
         corpus_copies=8,
         # 32 x 512 fits any objective at base shape on a 40 GB card: fewer probes to the largest batch
         batch_start=32,

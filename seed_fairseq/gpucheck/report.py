@@ -116,6 +116,24 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def data_line(data: Dict[str, Any]) -> str:
+    """One line: the vocabulary, the training tokens, and where the text came from."""
+    sources = ", ".join(
+        f"{s.get('kind')} {s.get('file')}" + (f" (sha256 {s['sha256'][:12]})" if s.get("sha256") else "")
+        for s in data.get("sources") or []
+    )
+    where = (
+        f"the --data folder {data.get('folder')}" if data.get("given") else f"built by this run in {data.get('folder')}"
+    )
+    copies = f" x {data['copies']}" if (data.get("copies") or 1) > 1 else ""
+    vocab, tokens = data.get("vocab_size"), data.get("train_tokens")
+    return (
+        (f"Data: a {vocab:,}-piece vocabulary" if isinstance(vocab, int) else "Data: vocabulary unknown")
+        + (f", {tokens:,} training tokens" if isinstance(tokens, int) else "")
+        + f"; {where}, from {sources or '-'}{copies}."
+    )
+
+
 def markdown(report: Dict[str, Any]) -> str:
     p = report["profile"]
     budget = report.get("budget_seconds")
@@ -129,6 +147,8 @@ def markdown(report: Dict[str, Any]) -> str:
         + ". What each line means: docs/gpu.md.",
         "",
     ]
+    if report.get("data"):
+        lines += [data_line(report["data"]), ""]
     if report["failed"]:
         lines += [f"Failed: {', '.join(report['failed'])}", ""]
     if report.get("not_run"):
