@@ -119,3 +119,12 @@ def test_comparison_keeps_its_flag_names_and_defaults():
     args = cli.parser().parse_args(["--ft-batch-size", "4", "--ft-lr", "1e-4", "--ft-epochs", "2"])
     cfg = cli.config_from_args(args, cli.FINETUNE_FLAGS, show_progress=False)
     assert (cfg.batch_size, cfg.lr, cfg.epochs, cfg.encode_batch_size) == (4, 1e-4, 2, 64)
+
+
+def test_the_similarity_rule_reads_the_tools_own_records():
+    """hf/sentence.py names the records of the export and of fine-tuning without importing them."""
+    from seed_fairseq.hf.export import EXPORT_RECORD
+    from seed_fairseq.hf.sentence import TOOL_RECORDS
+    from seed_fairseq.retrieval.training import RECORD, TOOL
+
+    assert TOOL_RECORDS == {EXPORT_RECORD: ("seed_fairseq.hf.export",), RECORD: (TOOL,)}

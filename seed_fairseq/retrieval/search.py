@@ -514,7 +514,8 @@ def _load_cls(model: "SentenceTransformer", folder: Path, sparse_top_k: Optional
     _no_sparse_top_k(folder, sparse_top_k, "loaded with [CLS] pooling")
     Pooling = st_modules()[1]
     encoder = model[0]
-    dim = getattr(encoder, "get_embedding_dimension", None)
+    # sentence-transformers >= 5 renamed get_word_embedding_dimension
+    dim = getattr(encoder, "get_embedding_dimension", None) or getattr(encoder, "get_word_embedding_dimension", None)
     if dim is None:
         raise DataFormatError(folder, None, "its first module is not an encoder whose [CLS] vector could be taken")
     cls = SentenceTransformer(modules=[encoder, Pooling(dim(), pooling_mode="cls")], device=str(model.device))
