@@ -108,7 +108,7 @@ def test_the_flow_adapts_exports_the_best_checkpoint_and_reports_before_and_afte
     assert model.encode(["a query about the rhine"]).shape == (1, 32)
 
     # the model's own representation throughout: pre-trained and validated on, exported with, scored in
-    assert "'bottleneck_pooling': 'mean'" in log and "'retrieval_similarity': 'cosine'" in log
+    assert "'bottleneck_pooling': mean, 'retrieval_similarity': cosine," in log  # (enum values, unquoted)
     mean = "Transformer -> Pooling(mean) -> Normalize, cosine"
     from seed_fairseq.compare.roundtrip import describe
     from seed_fairseq.retrieval.search import load_model
