@@ -9,9 +9,13 @@ spm.model, preprocess.json) or by ``examples/import_from_hf.py``; without it, th
 checkpoint's own folder when it holds dict.txt (an import folder exports as is:
 ``--checkpoint IMPORT/checkpoint.pt`` alone).  The output loads offline with
 ``AutoModel``/``AutoTokenizer``/``SentenceTransformer`` and was checked equal to
-fairseq (token ids, and outputs to --atol) before it was written.  A DupMAE
-checkpoint also gets DupMAE's retrieval representation (``--representation``,
-``seed_fairseq/dupmae/``).
+fairseq (token ids, and outputs to --atol) before it was written.  Its
+sentence-transformers modules are the model's own representation as the checkpoint records
+it (the pooling, ``Normalize`` and ``similarity_fn_name`` of --bottleneck-pooling /
+--retrieval-similarity: an import of a mean-pooling, normalising model is exported as one; a
+model pre-trained from scratch, as the papers', with [CLS] pooling and dot product), checked
+against fairseq's pooled vectors too.  A DupMAE checkpoint also gets DupMAE's retrieval
+representation (``--representation``, ``seed_fairseq/dupmae/``).
 """
 
 import argparse
@@ -44,11 +48,13 @@ def main(argv=None):
     p.add_argument("--atol", type=float, default=1e-5, help="max abs difference allowed vs fairseq (fp32)")
     p.add_argument(
         "--representation",
-        choices=representation.names(),  # cls, dupmae
+        choices=representation.names(),  # own, cls, dupmae
         default=None,
-        help="dupmae: also write DupMAE's representation (dupmae.json + dupmae_head.safetensors: the [CLS] "
-        "projection and the MLM head as vocabulary projection). Default: dupmae for a dupmae_pretrain "
-        "checkpoint (without --mlm-head), else cls",
+        help="own: sentence-transformers modules of the model's own representation as the checkpoint records it "
+        "(its --bottleneck-pooling, Normalize and similarity_fn_name for --retrieval-similarity cosine); cls: "
+        "[CLS] pooling and dot product whatever it records; dupmae: own's folder plus DupMAE's representation "
+        "(dupmae.json + dupmae_head.safetensors: the [CLS] projection and the MLM head as vocabulary "
+        "projection). Default: dupmae for a dupmae_pretrain checkpoint (without --mlm-head), else own",
     )
     p.add_argument(
         "--dupmae-dim",

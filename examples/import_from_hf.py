@@ -4,7 +4,10 @@
     python examples/import_from_hf.py --model HF_DIR --out DIR [--force]
 
 writes DIR/checkpoint.pt (the plugin's encoder), DIR/dict.txt (the model's own
-ids), DIR/tokenizer/ (its tokenizer) and DIR/model_args.txt; then
+ids), DIR/tokenizer/ (its tokenizer) and DIR/model_args.txt (its sizes, and its
+representation: --bottleneck-pooling and --retrieval-similarity of its
+sentence-transformers modules, so that pre-training trains the vector the model is
+used by); then
 
     python -m preprocess.build --text corpus.txt --tokenizer DIR/tokenizer --out data-bin
     fairseq-train data-bin --user-dir seed_fairseq --task seed_pretrain --criterion seed_pretrain \\
@@ -16,8 +19,13 @@ resumes from the run's own checkpoint_last.pt; docs/hf.md).  Nothing is
 written unless fairseq's outputs equal the HF model's (features, and MLM
 logits when the model has an MLM head) to --atol, both in float32: a model
 stored in fp16 or bf16 is imported as float32 (the record's source_dtype says
-what it was stored in).  A folder without a usable tokenizer, or whose
-config.json contradicts its weights, is refused with one error line.
+what it was stored in).  A sentence-transformers folder's pooling (cls, mean,
+max, mean_sqrt_len_tokens, lasttoken), Normalize module and similarity_fn_name are
+recorded (else cosine for a model that normalises, else dot; a plain HuggingFace
+folder gets the papers' [CLS] + dot), and its SentenceTransformer vectors are
+compared with fairseq's too.  A folder without a usable tokenizer, whose config.json
+contradicts its weights, or with a module the plugin cannot reproduce (Dense,
+weightedmean pooling, ...) is refused with one error line.
 """
 
 import argparse

@@ -442,6 +442,23 @@ def task_config(state: dict) -> dict:
     return plain_config((cfg or {}).get("task") or {})
 
 
+# The task options that say which vector the model is scored and pre-trained on
+# (models/bottleneck.py: --bottleneck-pooling, --retrieval-similarity, --bottleneck-unnormalized)
+REPRESENTATION_OPTIONS = ("bottleneck_pooling", "retrieval_similarity", "bottleneck_unnormalized")
+
+
+def representation_options(state: dict) -> Dict[str, Any]:
+    """The model's representation options as the checkpoint records them: its task config's, or,
+    in an encoder-only checkpoint of ``seed-drop-heads`` (whose task config is stock
+    ``masked_lm``'s, which has no such option), ``extra_state["seed_fairseq"]["representation_options"]``.
+    Options a checkpoint does not record are left out (``models.bottleneck.pooling_options``
+    gives the papers' [CLS] and dot product for them)."""
+    extra = (state.get("extra_state") or {}).get("seed_fairseq") or {}
+    kept = extra.get("representation_options") if isinstance(extra, dict) else None
+    source = kept if isinstance(kept, dict) else task_config(state)
+    return {k: source[k] for k in REPRESENTATION_OPTIONS if source.get(k) is not None}
+
+
 def recorded_data_dir(state: dict) -> Optional[Path]:
     """The (first) data folder the checkpoint was trained on, as its config names it."""
     data = task_config(state).get("data")

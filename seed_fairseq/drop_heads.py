@@ -11,6 +11,11 @@ containers only (no optimizer state, no pickled config objects).  What is
 dropped is what the model class declares (``pretraining_only_prefixes``,
 ``pretraining_only_config_prefixes``; see ``models/bottleneck.py``).
 
+The model's representation (its pooling and similarity: the task options
+``--bottleneck-pooling`` and ``--retrieval-similarity``, which stock ``masked_lm``'s task
+config has no place for) is kept in ``extra_state["seed_fairseq"]["representation_options"]``,
+where the HuggingFace export reads it (``checkpoint.representation_options``).
+
 The encoder keeps every architecture fact its checkpoint records
 (``checkpoint.encoder_architecture``).  An encoder that stock ``roberta``
 cannot build exactly -- one continued from an import of BERT, whose
@@ -42,6 +47,7 @@ from .checkpoint import (
     plain_config,
     read_checkpoint,
     recorded_data_dir,
+    representation_options,
     torch_save,
 )
 from .fileio import OutputError, PathLike, atomic_path, storage_line
@@ -118,7 +124,15 @@ def drop_heads(state: dict) -> dict:
         "extra_state": {
             "epoch": 1,
             "train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True, "version": 2},
-            "seed_fairseq": {"source": "drop_heads", "pretrain_updates": num_updates, "model": name, "arch": arch},
+            "seed_fairseq": {
+                "source": "drop_heads",
+                "pretrain_updates": num_updates,
+                "model": name,
+                "arch": arch,
+                # the model's pooling and similarity, which stock masked_lm's task config cannot hold:
+                # what the export writes back (hf/export.py)
+                "representation_options": representation_options(state),
+            },
         },
         "last_optimizer_state": None,
     }

@@ -42,7 +42,8 @@ class ObjectiveDescription:
     arch: str = ""  # full-size architecture (the decoder follows the encoder's width)
     args: Tuple[str, ...] = ()  # fairseq-train options that make this variant (its paper's settings)
     texts_per_update_factor: float = 1.0  # texts per update relative to the others (two views: 0.5)
-    representations: Tuple[str, ...] = ("cls",)  # retrieval representations evaluated
+    # retrieval representations evaluated (retrieval/representations.py): the model's own vector
+    representations: Tuple[str, ...] = ("own",)
     needs_generator: bool = False  # --generator-path (a frozen masked LM) is required
     notes: str = ""
     order: int = 100  # position in tables (the comparison's order), then the name

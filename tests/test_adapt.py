@@ -1,7 +1,8 @@
 """The domain-adaptation command (examples/adapt.py, seed_fairseq.adapt), issue 23 item 4.
 
 Slow: the whole flow through the real command line on the demo corpus with a tiny BERT
-saved without MLM head (a sentence-embedding model): import, data with its tokenizer,
+saved without MLM head as a sentence-transformers model with mean pooling and Normalize
+(all-MiniLM-L6-v2's representation, which pre-training and every evaluation keep): import, data with its tokenizer,
 fairseq-train continued with SEED from the import (encoder frozen while the new heads
 warm up), the checkpoint chosen on the derived dev split, export, zero-shot and
 fine-tuned evaluation of the original and the adapted model, the report; a rerun that
@@ -17,7 +18,7 @@ import sys
 import pytest
 import torch
 from helpers import DEMO_CORPUS, REPO, check
-from hf_models import save_bert
+from hf_models import save_sentence_model
 
 from seed_fairseq.adapt import cli
 from seed_fairseq.adapt.pipeline import Adaptation
@@ -41,8 +42,9 @@ def _training_queries(root):
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
-    """A tiny BERT saved without MLM head, as sentence-embedding models are."""
-    return save_bert(tmp_path_factory.mktemp("adapt_bert") / "bert", with_head=False)
+    """A tiny BERT saved without MLM head, as sentence-embedding models are, with mean pooling and
+    Normalize (all-MiniLM-L6-v2's representation)."""
+    return save_sentence_model(tmp_path_factory.mktemp("adapt_bert") / "bert", "mean", normalize=True)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +106,26 @@ def test_the_flow_adapts_exports_the_best_checkpoint_and_reports_before_and_afte
 
     model = SentenceTransformer(str(out / "model"), device="cpu", local_files_only=True)
     assert model.encode(["a query about the rhine"]).shape == (1, 32)
+
+    # the model's own representation throughout: pre-trained and validated on, exported with, scored in
+    assert "'bottleneck_pooling': mean, 'retrieval_similarity': cosine," in log  # (enum values, unquoted)
+    mean = "Transformer -> Pooling(mean) -> Normalize, cosine"
+    from seed_fairseq.compare.roundtrip import describe
+    from seed_fairseq.retrieval.search import load_model
+
+    assert describe(load_model(str(out / "model"), "cpu")) == mean
+    # the reference is --model itself; the round trip of its import gave it back exactly, so the report
+    # starts with its result; had it not, its first sentence would say so
+    check = data["roundtrip"]
+    assert check["exact"] and check["given"] == check["round_trip"] == mean and check["max_abs_diff"] <= 1e-5
+    from seed_fairseq.adapt.report import markdown
+
+    assert md.splitlines()[2] == "```" and "round trip (`roundtrip/`) was compared with the model as given" in md
+    inexact = {**data, "roundtrip": {**check, "exact": False, "max_abs_diff": 0.01}}
+    assert markdown(inexact).splitlines()[2].startswith(
+        "**The import -> export round trip does not reproduce `bert` exactly**: its vectors and the re-exported "
+        "model's differ by up to 0.01 on"
+    )
 
 
 @pytest.mark.slow
@@ -186,11 +208,12 @@ def test_the_start_is_kept_when_no_checkpoint_beat_it(tmp_path, bert):
     [
         (["--ft-lr", "1e-4"], {"finetune-original", "finetune-adapted", "report"}),
         (["--updates", "6"], {"pretrain", "export", "zeroshot-adapted", "finetune-adapted", "report"}),
-        (["--max-seq-length", "32"], {"zeroshot-original", "zeroshot-adapted", "finetune-original",
+        (["--max-seq-length", "32"], {"roundtrip", "zeroshot-original", "zeroshot-adapted", "finetune-original",
                                       "finetune-adapted", "report"}),  # fmt: skip
         # another derived set and other pre-training text: everything but the import
-        (["--heldout-docs", "20"], {"split", "retrieval", "data", "pretrain", "export", "bm25", "zeroshot-original",
-                                    "zeroshot-adapted", "finetune-original", "finetune-adapted", "report"}),
+        (["--heldout-docs", "20"], {"split", "retrieval", "data", "pretrain", "export", "roundtrip", "bm25",
+                                    "zeroshot-original", "zeroshot-adapted", "finetune-original", "finetune-adapted",
+                                    "report"}),  # fmt: skip
         (["--resamples", "50"], {"report"}),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
@@ -225,6 +248,19 @@ def test_progress_lines_follow_the_log(tmp_path):
     assert said[2].startswith("update 20/100: loss 8.250, ") and "left" in said[2]
 
 
+def test_the_original_is_the_model_as_given(tmp_path, bert):
+    """The reference rows score --model itself (an input of their stages), not a re-export of its
+    import: the round trip is a check of its own (``roundtrip``), which the report reads."""
+    tq = _training_queries(tmp_path)
+    ad = Adaptation(_plan(tmp_path, bert, "--train-queries", str(tq)))
+    assert ad._model_folder("original") == ad.plan.model and ad._model_folder("adapted") == ad.model_dir
+    stages = {s.name: s for s in ad.stages()}
+    for name in ("zeroshot-original", "finetune-original"):
+        assert "import" not in stages[name].reads and "model" in stages[name].reads, name
+    assert "model" in stages["roundtrip"].reads and "roundtrip" in stages["report"].reads
+    assert "model" not in stages["zeroshot-adapted"].reads
+
+
 def test_the_dev_set_reaches_fairseq_train(tmp_path, bert):
     plan = _plan(tmp_path, bert)
     args = Adaptation(plan).selection_args()
@@ -253,3 +289,18 @@ def test_bad_input_is_one_error_line_before_anything_is_written(tmp_path, capsys
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and named in errors[0], err
     assert not out.exists()
+
+
+def test_a_round_trip_that_is_not_exact_is_the_reports_first_sentence():
+    from seed_fairseq.compare.roundtrip import first_sentence, statement
+
+    check = {"texts": 88, "max_abs_diff": 3e-4, "exact": False, "given": "T -> Pooling(mean), dot",
+             "round_trip": "T -> Pooling(mean), dot"}  # fmt: skip
+    said = first_sentence(check, "minilm")
+    assert said.startswith("**The import -> export round trip does not reproduce `minilm` exactly**: its vectors and "
+                           "the re-exported model's differ by up to 0.0003 on 88 texts")  # fmt: skip
+    assert "NOT exact" in statement(check)
+    other = {**check, "max_abs_diff": None, "round_trip": "T -> Pooling(cls), dot"}
+    assert "differ in their modules or size" in first_sentence(other, "m") and "round trip: T -> Pooling(cls)" in (
+        first_sentence(other, "m"))  # fmt: skip
+    assert first_sentence({**check, "exact": True}, "minilm") == "" and "exact" in statement({**check, "exact": True})

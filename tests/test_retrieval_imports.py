@@ -54,19 +54,19 @@ def test_dupmae_is_registered_through_the_entry_points():
     from seed_fairseq.hf import representation as exporters
     from seed_fairseq.retrieval import representations
 
-    assert representations.names() == ("cls", "dupmae")
-    assert exporters.names() == ("cls", "dupmae")
+    assert representations.names() == ("own", "cls", "dupmae")
+    assert exporters.names() == ("own", "cls", "dupmae")
     from seed_fairseq.dupmae.export import EXPORTER
     from seed_fairseq.dupmae.retriever import REPRESENTATION, DupMAERetriever
 
     assert representations.get("dupmae") is REPRESENTATION and REPRESENTATION.retriever is DupMAERetriever
     assert exporters.get("dupmae") is EXPORTER
     assert exporters.default_for({"criterion": {"_name": "dupmae_pretrain"}}) is EXPORTER
-    assert exporters.default_for({"criterion": {"_name": "seed_pretrain"}}) is exporters.CLS
+    assert exporters.default_for({"criterion": {"_name": "seed_pretrain"}}) is exporters.OWN
     assert exporters.owner_of("dupmae_top_k") is EXPORTER
-    with pytest.raises(ValueError, match=r"representation must be one of \('cls', 'dupmae'\), got 'x'"):
+    with pytest.raises(ValueError, match=r"representation must be one of \('own', 'cls', 'dupmae'\), got 'x'"):
         representations.get("x")
-    with pytest.raises(exporters.ExportError, match="--representation must be cls or dupmae, got 'x'"):
+    with pytest.raises(exporters.ExportError, match="--representation must be own, cls or dupmae, got 'x'"):
         exporters.get("x")
 
 
@@ -119,3 +119,12 @@ def test_comparison_keeps_its_flag_names_and_defaults():
     args = cli.parser().parse_args(["--ft-batch-size", "4", "--ft-lr", "1e-4", "--ft-epochs", "2"])
     cfg = cli.config_from_args(args, cli.FINETUNE_FLAGS, show_progress=False)
     assert (cfg.batch_size, cfg.lr, cfg.epochs, cfg.encode_batch_size) == (4, 1e-4, 2, 64)
+
+
+def test_the_similarity_rule_reads_the_tools_own_records():
+    """hf/sentence.py names the records of the export and of fine-tuning without importing them."""
+    from seed_fairseq.hf.export import EXPORT_RECORD
+    from seed_fairseq.hf.sentence import TOOL_RECORDS
+    from seed_fairseq.retrieval.training import RECORD, TOOL
+
+    assert TOOL_RECORDS == {EXPORT_RECORD: ("seed_fairseq.hf.export",), RECORD: (TOOL,)}

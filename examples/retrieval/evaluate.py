@@ -3,11 +3,14 @@
 
     python examples/retrieval/evaluate.py --model HF_DIR --data DIR --split test --run OUT.trec
 
-HF_DIR is an exported checkpoint (examples/export_to_hf.py) or a folder saved by
-finetune.py: a sentence-transformers model with [CLS] pooling, searched with faiss;
-a folder with DupMAE's head files (dupmae.json) is searched with DupMAE's own
+HF_DIR is an exported checkpoint (examples/export_to_hf.py), a folder saved by
+finetune.py or any sentence-transformers model, searched with faiss in its own
+representation: its modules as written (its pooling, its Normalize), compared by its
+similarity (cosine: normalised vectors in the inner-product index; dot product for the
+papers' [CLS] models); --representation cls takes the [CLS] vector and the dot product
+instead.  A folder with DupMAE's head files (dupmae.json) is searched with DupMAE's own
 representation (projected [CLS] + top-k vocabulary entries, exact combined top-k)
-unless --representation cls.  The metrics
+unless --representation own or cls.  The metrics
 (MRR@10, R@100, R@1000, nDCG@10) are printed as one JSON object on the last line.
 """
 

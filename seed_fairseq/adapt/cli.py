@@ -9,7 +9,11 @@ the objective (the heads it lacks trained alone first), keeps the checkpoint tha
 on the dev set (without --retrieval-dev: a set derived from documents held out of
 pre-training), exports it to OUT/model, and writes OUT/report.md, report.json and
 report.png: zero-shot retrieval of the original and the adapted model (and BM25), and,
-with --train-queries, both after identical fine-tuning, with paired p-values.  A rerun
+with --train-queries, both after identical fine-tuning, with paired p-values.  The
+original model is --model itself, scored as it is; every model is scored in the model's
+own representation (its sentence-transformers pooling, normalisation and similarity),
+which the continued pre-training trains and validates too; the report's first sentence
+says when the import -> export round trip does not give the model back exactly.  A rerun
 resumes; a rerun after a change redoes only what depends on it (docs/adapt.md).
 """
 

@@ -7,11 +7,18 @@
     generator          OUT/generator/           SimLM only: its generator (the import, or a head trained on it)
     pretrain           OUT/pretrain/            fairseq-train, continued from the import (log: train.log)
     export             OUT/model/               the best checkpoint (or the start, if none beat it), exported
-    original           OUT/original/            the import exported unchanged: the reference
+    roundtrip          OUT/roundtrip/           the import exported unchanged, compared with --model
+                                                (compare/roundtrip.py): the report says when it differs
     bm25               OUT/bm25/                BM25 on the report's split
     zeroshot-W         OUT/eval/zeroshot-W/     W = original, adapted: zero-shot run on the report's split
     finetune-W         OUT/eval/finetune-W/     with --train-queries: fine-tuned identically, then the run
     report             OUT/report.md, report.json, report.png
+
+The original model, the reference of every comparison, is --model itself, loaded as the
+retrieval tools load any model folder (its own pooling, normalisation and similarity:
+``retrieval.search.load_model``); the adapted model is the export of a checkpoint continued
+from its import, pre-trained and validated on the same representation (the import's
+``model_args.txt``) and exported with it.
 
 As the comparison (``seed_fairseq/compare/pipeline.py``, whose helpers this reuses): each
 stage's fingerprint covers the options it reads and the stages it reads, so a rerun
@@ -65,6 +72,8 @@ WHO = ("original", "adapted")
 EVALUATION = ("retrieval_dev", "test_split", "k", "max_seq_length", "pretrain.gpu", "finetune.encode_batch_size",
               "finetune.index")  # fmt: skip
 FINETUNING = (*EVALUATION, "finetune", "seed")
+# what the round-trip check reads besides --model: the texts it compares on and how they are encoded
+ROUNDTRIP = ("retrieval_dev", "test_split", "max_seq_length", "pretrain.gpu")
 
 # How the stages read the plan (preprocess.stages.PlanReads): the fields no product depends
 # on, and the fields that are the paths of the external inputs (their content is read too).
@@ -151,18 +160,22 @@ class Adaptation(Training):
         )
         st.append(self.stage("export", self.stage_export, ("best_metric",), reads=("pretrain",), folder="model",
                              writes=OWN_RECORD))  # fmt: skip
-        st.append(self.stage("original", self.stage_original, reads=("import",), folder="original", writes=OWN_RECORD))
+        st.append(self.stage("roundtrip", self.stage_roundtrip, ("model", *ROUNDTRIP), reads=("import", *eval_reads),
+                             folder="roundtrip", writes=OWN_RECORD))  # fmt: skip
         st.append(self.stage("bm25", self.stage_bm25, ("retrieval_dev", "test_split", "k"), reads=eval_reads,
                              folder="bm25", writes=(BM25_RUN,)))  # fmt: skip
         report_reads = ["pretrain", "export", "bm25"]
-        for who, model_stage in zip(WHO, ("original", "export")):
+        report_reads.append("roundtrip")
+        for who in WHO:
+            # the original is --model itself (an external input), the adapted model the export stage's
+            model_field, model_stage = (("model",), ()) if who == "original" else ((), ("export",))
             st.append(
                 self.stage(
                     f"zeroshot-{who}",
                     self.stage_zeroshot,
-                    evaluation,
+                    (*evaluation, *model_field),
                     params={"who": who},
-                    reads=(model_stage, *eval_reads),
+                    reads=(*model_stage, *eval_reads),
                     folder=f"eval/zeroshot-{who}",
                     writes=RUN_FILES,
                 )
@@ -174,9 +187,9 @@ class Adaptation(Training):
                     self.stage(
                         f"finetune-{who}",
                         self.stage_finetune,
-                        (*finetuning, "train_queries"),
+                        (*finetuning, "train_queries", *model_field),
                         params={"who": who},
-                        reads=(model_stage, *eval_reads),
+                        reads=(*model_stage, *eval_reads),
                         folder=f"eval/finetune-{who}",
                         writes=RUN_FILES,
                     )
@@ -303,16 +316,29 @@ class Adaptation(Training):
         data = self.imported if chosen["kept_start"] else self.data_bin
         return _timed(lambda: {**chosen, **self._export(Path(chosen["checkpoint"]), data, self.model_dir)})
 
-    def stage_original(self, results) -> dict:
-        from ..hf.import_ import CHECKPOINT
+    def stage_roundtrip(self, results) -> dict:
+        """The import exported unchanged, compared with --model on the evaluation's texts."""
+        from ..compare.roundtrip import export_and_compare
+        from ..retrieval.data import load_data
 
-        return _timed(lambda: self._export(self.imported / CHECKPOINT, self.imported, self.original_dir))
+        def body():
+            import torch
+
+            torch.set_num_threads(self.plan.threads)
+            p = self.plan
+            test = load_data(self.eval_set, p.test_split)
+            check = export_and_compare(self.imported, p.model, self.roundtrip_dir, test, p.device, p.max_seq_length)
+            log("the import -> export round trip " + ("reproduces" if check["exact"] else "does NOT reproduce")
+                + f" the model: max abs difference {check['max_abs_diff']} on {check['texts']} texts")  # fmt: skip
+            return check
+
+        return _timed(body)
 
     def _export(self, checkpoint: Path, data: Path, out: Path) -> dict:
         from ..hf.export import ExportError, export
 
-        try:  # the [CLS] representation, as the original is evaluated (a DupMAE export would add its own)
-            export(checkpoint, data, out, force=True, representation="cls")
+        try:  # the model's own representation, as it was pre-trained (a DupMAE export would add its own)
+            export(checkpoint, data, out, force=True, representation="own")
         except ExportError as e:
             raise StageError(out, f"export failed: {e}") from None
         return {}
@@ -330,7 +356,8 @@ class Adaptation(Training):
         return _timed(body)
 
     def _model_folder(self, who: str) -> Path:
-        return self.original_dir if who == "original" else self.model_dir
+        """The original: --model as the user gave it; the adapted model: the export stage's."""
+        return self.plan.model if who == "original" else self.model_dir
 
     def _search(self, model, test, folder: Path, tag: str) -> Dict[str, float]:
         from ..retrieval.evaluate import evaluate_model
@@ -353,7 +380,8 @@ class Adaptation(Training):
 
         torch.set_num_threads(self.plan.threads)
         p = self.plan
-        return load_model(str(self._model_folder(who)), p.device, p.max_seq_length, representation="cls")
+        # each model in the representation its folder declares: its own pooling, normalisation, similarity
+        return load_model(str(self._model_folder(who)), p.device, p.max_seq_length)
 
     def stage_zeroshot(self, results, who: str) -> dict:
         from ..retrieval.data import load_data

@@ -10,7 +10,8 @@
     OUT/generator/          SimLM's generator, when the model has no MLM head of its own
     OUT/pretrain/           fairseq-train's save-dir and train.log
     OUT/model/              THE ADAPTED MODEL: the best checkpoint, exported to HuggingFace
-    OUT/original/           the original model exported the same way ([CLS] pooling): the reference
+    OUT/roundtrip/          the import exported unchanged, compared with --model (the reference,
+                            evaluated as it is: compare/roundtrip.py)
     OUT/bm25/  OUT/eval/<stage>/     the runs of every evaluated model
     OUT/report.md  report.json  report.png
 """
@@ -147,8 +148,8 @@ class Paths:
         return self.out / "model"
 
     @property
-    def original_dir(self) -> Path:
-        return self.out / "original"
+    def roundtrip_dir(self) -> Path:
+        return self.out / "roundtrip"
 
     @property
     def eval_set(self) -> Path:

@@ -1,5 +1,9 @@
 """report.json, report.md and report.png: the original model against the adapted one.
 
+The original model is ``--model`` as the user gave it, scored and fine-tuned as the adapted
+one; the report's first sentence says when the import -> export round trip does not give it
+back exactly (``compare/roundtrip.py``: then the adapted model started from something else).
+
 Every number is computed from the runs the stages left (TREC files) and the judged
 queries of the report's split.  Each row is compared with a reference row by the
 two-sided paired permutation test over the queries
@@ -14,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..compare.roundtrip import first_sentence, statement
 from ..compare.stats import fmt_p
 from ..fileio import atomic_path, write_json_atomic, write_text_atomic
 from ..retrieval.data import load_data
@@ -77,6 +82,7 @@ def collect(ad, results: Dict[str, Any]) -> Dict[str, Any]:
             "seconds": results["pretrain"]["seconds"],
         },
         "selection": {k: v for k, v in results["export"].items() if k != "seconds"},
+        "roundtrip": {k: v for k, v in results.get("roundtrip", {}).items() if k != "seconds"},
         "evaluation": _evaluation(ad, results, test),
         "models": models,
         "stage_seconds": {k: v.get("seconds") for k, v in results.items() if isinstance(v, dict) and "seconds" in v},
@@ -154,6 +160,9 @@ def markdown(data: Dict[str, Any]) -> str:
     add = lines.append
     pre, sel, ev = data["pretrain"], data["selection"], data["evaluation"]
     add(f"# Domain adaptation: `{Path(data['model']).name}` continued with `{data['objective']}`\n")
+    warning = first_sentence(data.get("roundtrip") or {}, Path(data["model"]).name)
+    if warning:
+        add(warning + "\n")
     add("```\n" + data["command"] + "\n```\n")
     add("## Result\n")
     if sel["kept_start"]:
@@ -176,10 +185,12 @@ def markdown(data: Dict[str, Any]) -> str:
     add("")
     add(
         f"Evaluated on the `{ev['split']}` split: {ev['queries']} judged queries over {ev['passages']} passages, "
-        f"{ev['design']}. Both models are the same kind of retriever: [CLS] vector, dot product, texts cut at "
-        f"{ev['max_seq_length']} tokens; the original is the imported model exported unchanged "
-        f"(`original/`), the adapted one is `model/`. p: two-sided paired permutation test over the queries "
-        f"({ev['resamples']} resamples, exact for <= 16 queries) against the row named in 'compared with'.\n"
+        f"{ev['design']}. The original model is `--model` as given, scored as the retrieval tools score it (in "
+        f"the representation its folder declares: {(data.get('roundtrip') or {}).get('given', '-')}); the adapted "
+        "one is `model/`, pre-trained, validated and exported in that same representation; texts cut at "
+        f"{ev['max_seq_length']} tokens. p: two-sided paired permutation test over the queries "
+        f"({ev['resamples']} resamples, exact for <= 16 queries) against the row named in 'compared with'. "
+        f"{statement(data.get('roundtrip') or {})}\n"
     )
     if ev.get("selected_on_same_split"):
         add(

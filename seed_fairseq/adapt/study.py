@@ -5,8 +5,8 @@
 
 One folder, one domain.  What does not depend on the objective is done once and shared
 by every cell (the import, the held-out split, the retrieval set derived from it, the
-data, SimLM's generator, the original model exported, BM25, the original model
-zero-shot and fine-tuned with each seed); then, for each seed, arm and objective (a
+data, SimLM's generator, the round-trip check of the import, BM25, the original model --
+``--model`` itself -- zero-shot and fine-tuned with each seed); then, for each seed, arm and objective (a
 *cell*), the continued pre-training (``adapt.training``: the same fairseq-train command as
 ``examples/adapt.py``), the export of its *last* checkpoint, zero-shot retrieval, and the
 identical fine-tuning on the derived set's train split followed by retrieval again.
@@ -17,7 +17,7 @@ report (``study_report.py``) compares every cell's seed-averaged per-query score
 original's by the paired permutation test.
 
     OUT/adaptation_study.json        the tool's record: the folder is its own
-    OUT/import  corpus  retrieval  data-bin  generator  original  bm25      shared, as in adapt.py
+    OUT/import  corpus  retrieval  data-bin  generator  roundtrip  bm25     shared, as in adapt.py
     OUT/eval/zeroshot-original/  OUT/eval/finetune-original-sN/             the reference row
     OUT/cells/<objective>-<arm>-sN/{pretrain,model,eval/zeroshot,eval/finetune}
     OUT/report.md  report.json  report.png
@@ -135,7 +135,7 @@ class Study(Adaptation):
         }
 
     def stages(self) -> List[Stage]:
-        shared = ("import", "split", "retrieval", "data", "original", "bm25", "zeroshot-original")
+        shared = ("import", "split", "retrieval", "data", "roundtrip", "bm25", "zeroshot-original")
         st = [s for s in super().stages() if s.name in shared]
         if any(OBJECTIVES[o].needs_generator for o in self.objectives):
             gen = Adaptation(replace(self.plan, objective=next(o for o in self.objectives
@@ -146,9 +146,9 @@ class Study(Adaptation):
                           reads=("import", "data"), folder="generator", writes=FAIRSEQ_TRAIN_FILES),
             )  # fmt: skip
         for s, orig in self.originals.items():
-            st.append(orig.stage(f"finetune-original-s{s}", orig.stage_finetune, FINETUNING, params={"who": "original"},
-                                 reads=("original", "retrieval"), folder=f"eval/finetune-original-s{s}",
-                                 writes=RUN_FILES))  # fmt: skip
+            st.append(orig.stage(f"finetune-original-s{s}", orig.stage_finetune, (*FINETUNING, "model"),
+                                 params={"who": "original"}, reads=("retrieval",),
+                                 folder=f"eval/finetune-original-s{s}", writes=RUN_FILES))  # fmt: skip
         cell_names = []
         for name, cell in self.cells.items():
             reads = ("import", "data", "generator") if cell.spec.needs_generator else ("import", "data")
@@ -164,7 +164,8 @@ class Study(Adaptation):
                            reads=(f"export-{name}", "retrieval"), folder=f"{folder}/eval/finetune", writes=RUN_FILES),
             ]  # fmt: skip
             cell_names += [f"zeroshot-{name}", f"finetune-{name}"]
-        reads = ("bm25", "zeroshot-original", *(f"finetune-original-s{s}" for s in self.seeds), *cell_names)
+        reads = ("roundtrip", "bm25", "zeroshot-original", *(f"finetune-original-s{s}" for s in self.seeds),
+                 *cell_names)
         # the report states the whole plan (its command, its settings)
         st.append(self.stage("report", self.stage_report, (WHOLE_PLAN,), reads=reads, products=REPORT_FILES))
         return st

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from ..compare.objectives import OBJECTIVES
+from ..compare.roundtrip import first_sentence, statement
 from ..compare.stats import fmt_p, mean_std, paired_p
 from ..fileio import write_json_atomic, write_text_atomic
 from ..retrieval.data import load_data
@@ -90,6 +91,7 @@ def collect(study, results: Dict[str, Any]) -> Dict[str, Any]:
             "resamples": p.resamples,
             "finetune": {k: getattr(p.finetune, k) for k in ("negatives", "loss", "epochs", "batch_size", "lr")},
         },
+        "roundtrip": {k: v for k, v in results.get("roundtrip", {}).items() if k != "seconds"},
         "zeroshot": zeroshot,
         "finetuned": finetuned,
         "seconds": {"total": sum(v for v in seconds.values() if v), "stages": seconds},
@@ -160,8 +162,11 @@ def _frozen(data: Dict[str, Any], arm: str) -> str:
 
 def markdown(data: Dict[str, Any]) -> str:
     ev, pre = data["evaluation"], data["pretrain"]
+    roundtrip = data.get("roundtrip") or {}
+    warning = first_sentence(roundtrip, Path(data["model"]).name)
     lines = [
         f"# Adaptation study: `{Path(data['model']).name}` on `{Path(data['corpus']).name}`\n",
+        *([warning + "\n"] if warning else []),
         "```\n" + data["command"] + "\n```\n",
         *summary(data),
         "",
@@ -174,7 +179,9 @@ def markdown(data: Dict[str, Any]) -> str:
         f"* Evaluation: the `{ev['split']}` split, {ev['queries']} judged queries over {ev['passages']} passages, "
         f"derived from {ev['heldout_documents']} of the corpus's {ev['documents']} documents held out of "
         "pre-training (every paragraph a passage; one sentence of each paragraph of >= 3 sentences, removed from "
-        f"it, a query; queries split by document); [CLS], dot product, texts cut at {ev['max_seq_length']} tokens.",
+        f"it, a query; queries split by document); every model in the representation of the model as given "
+        f"({roundtrip.get('given', '-')}: the original `--model` itself, each cell pre-trained, validated and "
+        f"exported in it), texts cut at {ev['max_seq_length']} tokens. {statement(roundtrip)}",
         f"* Continued pre-training (every cell): {pre['updates']} updates of {pre['batch_size']} blocks of "
         f"{pre['tokens_per_sample']} tokens, lr {pre['lr']} ({pre['warmup']} warm-up updates, linear decay); the "
         "last checkpoint is evaluated.",

@@ -8,8 +8,9 @@ with the runs it finished):
     REP.ftP.trec / .json       after fine-tuning on P% of the training queries (Figure 6c/d);
                                the .json is finetune()'s summary and the seconds it took
 
-REP is ``cls`` ([CLS] dot product) or ``dupmae`` (DupMAE's dense + sparse
-representation, Eq. 12).  Every model is fine-tuned by the same
+REP is ``own`` (the model's own vector as its export declares it: [CLS] and dot product from
+scratch, the --init model's pooling and similarity, which it was pre-trained on, with --init)
+or ``dupmae`` (DupMAE's dense + sparse representation, Eq. 12).  Every model is fine-tuned by the same
 ``FinetuneConfig`` (seed = the pre-training seed, so every objective of a seed
 sees the same few-shot subset of queries); fine-tuned weights are not kept.
 """

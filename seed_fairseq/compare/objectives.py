@@ -27,8 +27,9 @@ class ObjectiveSpec:
     extra: Tuple[str, ...] = ()
     # texts per update relative to the others (CPDAE: 2 views per text -> 1/2)
     texts_per_update_factor: float = 1.0
-    # representations evaluated: [CLS], and DupMAE's own dense + sparse one
-    representations: Tuple[str, ...] = ("cls",)
+    # representations evaluated: the model's own vector ([CLS] + dot from scratch, the import's
+    # pooling and similarity with --init), and DupMAE's own dense + sparse one
+    representations: Tuple[str, ...] = ("own",)
     needs_generator: bool = False
     notes: str = ""
 
@@ -104,7 +105,7 @@ class EvalModel:
 
     @property
     def key(self) -> str:
-        # an objective evaluated one way is its name; DupMAE's two rows are dupmae+dupmae and dupmae+cls
+        # an objective evaluated one way is its name; DupMAE's two rows are dupmae+dupmae and dupmae+own
         if len(OBJECTIVES[self.objective].representations) == 1:
             return self.objective
         return f"{self.objective}+{self.representation}"
@@ -114,7 +115,7 @@ class EvalModel:
         spec = OBJECTIVES[self.objective]
         if len(spec.representations) == 1:
             return spec.label
-        return f"{spec.label} ({'dense+sparse' if self.representation == 'dupmae' else '[CLS] only'})"
+        return f"{spec.label} ({'dense+sparse' if self.representation == 'dupmae' else 'dense only'})"
 
 
 def eval_models(objectives: List[str]) -> List[EvalModel]:

@@ -4,11 +4,15 @@
     data          OUT/data-bin/           preprocess.build (the model's tokenizer with --init)
     retrieval     OUT/retrieval/          the retrieval set derived from the corpus (unless given)
     bm25          OUT/bm25/               BM25 run on the test split
+    roundtrip     OUT/roundtrip/          --init only: the import exported unchanged, compared with
+                                          the --init model (roundtrip.py; the report says when it differs)
     generator     OUT/generator/          SimLM's generator (seed_encoder_mlm_only, small encoder)
     flops         -                       FLOPs per update of every objective (counted, flops.py)
     pretrain-O-sS OUT/pretrain/O/sS/      fairseq-train of objective O with seed S (log: train.log)
     export-O-sS   OUT/hf/O/sS/            examples/export_to_hf.py's export
     eval-O-sS     OUT/eval/O/sS/          [CLS] cosine by length, zero-shot and few-shot fine-tuned runs
+                                          (each model in its own representation: with --init, the
+                                          import's pooling and similarity, which it was pre-trained on)
     report        OUT/results.md, results.json, *.png
 
 Each stage's fingerprint covers the options it reads and the stages it reads, so a
@@ -240,6 +244,17 @@ class Comparison(Layout):
                 writes=(BM25_RUN,),
             )
         )
+        if p.init:
+            st.append(
+                self.stage(
+                    "roundtrip",
+                    self.stage_roundtrip,
+                    ("init", "retrieval_data", "test_split", "max_seq_length", "pretrain.gpu"),
+                    reads=("import", *rreads),
+                    folder="roundtrip",
+                    writes=OWN_RECORD,
+                )
+            )
         needs_gen = any(OBJECTIVES[o].needs_generator for o in p.objectives)
         gen_fields = ("pretrain", "generator_updates", "generator_args", "init")
         if needs_gen:
@@ -363,6 +378,20 @@ class Comparison(Layout):
         run = BM25(test.corpus).retrieve({q: test.queries[q] for q in test.query_ids()}, k=self.plan.k)
         write_trec_run(run, self.out / "bm25" / BM25_RUN, tag="bm25")
         return {"seconds": time.time() - t0}
+
+    def stage_roundtrip(self, results) -> dict:
+        """The import exported unchanged, compared with the --init model on the test split's texts."""
+        import torch
+
+        from .roundtrip import export_and_compare
+
+        t0 = time.time()
+        p = self.plan
+        torch.set_num_threads(p.threads)
+        test = load_data(self.retrieval_dir, p.test_split)
+        check = export_and_compare(self.out / "import", p.init, self.out / "roundtrip", test, p.device,
+                                   p.max_seq_length)  # fmt: skip
+        return {"seconds": time.time() - t0, **check}
 
     def stage_generator(self, results) -> dict:
         t0 = time.time()

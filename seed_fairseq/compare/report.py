@@ -19,6 +19,7 @@ from .flops import BATCHES
 from .layout import fraction_label, run_name
 from .logs import final_diagnostics, read_valid
 from .objectives import BASELINE, OBJECTIVES, eval_models
+from .roundtrip import first_sentence, statement
 from .stats import aggregate_seeds, fmt_mean_std, fmt_p, mean_std, paired_p
 
 METRICS = ("MRR@10", "R@100", "nDCG@10")
@@ -151,6 +152,8 @@ def collect(comp, results: Mapping[str, Any]) -> Dict[str, Any]:
         },
         "stage_seconds": stage_seconds,
         "curves": curves,
+        # --init: the import -> export round trip against the model as given (roundtrip.py)
+        "roundtrip": {k: v for k, v in results.get("roundtrip", {}).items() if k != "seconds"},
     }
 
 
@@ -188,6 +191,9 @@ def markdown(comp, data: Dict[str, Any]) -> str:
     lines: List[str] = []
     add = lines.append
     add("# Bottleneck objectives compared on identical data, encoder and budget\n")
+    warning = first_sentence(data.get("roundtrip") or {}, Path(str(p.init)).name) if p.init else ""
+    if warning:
+        add(warning + "\n")
     add("```\n" + data["command"] + "\n```\n")
     m = data["machine"]
     add(
@@ -244,7 +250,12 @@ def markdown(comp, data: Dict[str, Any]) -> str:
     r = data["retrieval"]
     add(f"Retrieval: {r['split']} split, {r['test_queries']} queries over {r['passages']} passages; {r['design']}.\n")
 
-    for part, title in (("zero_shot", "Zero-shot (the pre-trained [CLS], no fine-tuning)"),
+    if p.init and data.get("roundtrip"):
+        add(
+            f"Every model was pre-trained, validated, exported and is scored in the representation of the --init "
+            f"model ({data['roundtrip']['given']}). {statement(data['roundtrip'])}\n"
+        )
+    for part, title in (("zero_shot", "Zero-shot (the pre-trained model's own vector, no fine-tuning)"),
                         ("finetuned", "Fine-tuned")):  # fmt: skip
         add(f"## {title}\n")
         add("| model | " + " | ".join(f"{x} | p" for x in METRICS) + " |")

@@ -230,7 +230,7 @@ Masked Auto-Encoder", Eq. 10-12): `dupmae.json` and `dupmae_head.safetensors`, r
   tokens, kept at their vocabulary indices;
 * score: dense dot product + sparse dot product over the shared indices.
 
-`SentenceTransformer` on this folder alone gives the plain [CLS] vector.
+`SentenceTransformer` on this folder alone gives the model's own pooled vector (`--representation own`).
 """
 
 

@@ -1,8 +1,9 @@
 """The model card (``README.md``) of an export: which objective made the encoder, and how."""
 
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 if TYPE_CHECKING:
+    from .sentence import Representation
     from .texts import HFTexts, SpmTexts
 
 
@@ -25,6 +26,7 @@ def model_card(
     texts_source: Union["SpmTexts", "HFTexts"],
     diff: float,
     with_lm_head: bool,
+    representation: Optional["Representation"] = None,
 ) -> str:
     t, o = cfg.get("task", {}), cfg.get("optimization", {})
     crit, ds = cfg.get("criterion", {}), cfg.get("dataset", {})
@@ -54,6 +56,17 @@ def model_card(
     }
     table = "\n".join(f"| {k} | {v} |" for k, v in rows.items())
     head = "XLMRobertaForMaskedLM (with the MLM head)" if with_lm_head else "XLMRobertaModel (encoder only)"
+    if representation is None or representation.pooling == "cls" and not representation.normalize:
+        use = (
+            "Use the [CLS] vector (`last_hidden_state[:, 0]`) with dot product; `SentenceTransformer` on this "
+            "folder does exactly that (CLS pooling, no normalisation)."
+        )
+    else:
+        use = (
+            f"The model's representation, which it was pre-trained and validated on: {representation.describe()} "
+            f"(`--bottleneck-pooling {representation.pooling} --retrieval-similarity {representation.similarity}`); "
+            "`SentenceTransformer` on this folder computes exactly that."
+        )
     return f"""---
 library_name: transformers
 tags: [{tag}, dense-retrieval, fairseq, sentence-transformers]
@@ -63,10 +76,8 @@ license: mit
 # {title} (exported from fairseq)
 
 A RoBERTa-style encoder pre-trained with {what}, trained with `seed_fairseq`. Exported as
-**{head}**; the pre-training-only heads (decoders) are not included. Use the [CLS] vector
-(`last_hidden_state[:, 0]`) with dot product; `SentenceTransformer` on this folder does
-exactly that (CLS pooling, no normalisation). The pooler is not part of the pre-training
-and is exported as zeros.
+**{head}**; the pre-training-only heads (decoders) are not included. {use} The pooler is not
+part of the pre-training and is exported as zeros.
 
 Checked at export: tokenizer ids equal fairseq's, and HF outputs equal fairseq's
 (max abs diff {diff:.2e}, fp32).

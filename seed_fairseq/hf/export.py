@@ -1,8 +1,10 @@
 """Export a seed_pretrain (or encoder-only) checkpoint to HuggingFace transformers.
 
 Rooms: ``texts.py`` (how raw text becomes ids), ``card.py`` (the model card),
-``representation.py`` (what a retrieval representation adds beside the encoder:
-nothing for ``cls``, DupMAE's head files through ``seed_fairseq/dupmae/export.py``).
+``sentence.py`` (the sentence-transformers modules: the model's pooling, normalisation and
+similarity, as the checkpoint records them), ``representation.py`` (what a retrieval
+representation adds beside the encoder: nothing for ``own`` and ``cls``, DupMAE's head files
+through ``seed_fairseq/dupmae/export.py``).
 
 The encoder maps exactly onto ``XLMRobertaModel`` (RoBERTa architecture:
 learned positions with fairseq's padding offset, embedding LayerNorm, post-LN,
@@ -29,6 +31,7 @@ from ..checkpoint import (
     plain_config,
     read_checkpoint,
 )
+from ..checkpoint import representation_options as recorded_options
 from ..fileio import OutputError, PathLike, owned_output, staged_dir
 from ..vocabulary.dictionary import dictionary_sha256
 from ..vocabulary.tokenizer import RECORD as VOCAB_RECORD
@@ -45,6 +48,7 @@ from .card import describe_objective, model_card  # noqa: F401  (their 0.2 impor
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .representation import ExportError, ExportJob
+from .sentence import PAPERS, Representation, from_options, st_modules
 from .texts import CHECK_STRINGS, HFTexts, SpmTexts, check_texts  # noqa: F401  (CHECK_STRINGS: its 0.2 path)
 
 if TYPE_CHECKING:
@@ -201,6 +205,52 @@ def hf_config(
     )
 
 
+def recorded_representation(state: dict, checkpoint: PathLike = "the checkpoint") -> Representation:
+    """The model's representation as the checkpoint records it (``checkpoint.representation_options``:
+    its task config, or an encoder-only checkpoint's extra_state); the papers' [CLS] and dot product
+    for a checkpoint written before it was recorded.  :class:`ExportError` naming ``checkpoint`` for
+    a value the export cannot write as sentence-transformers modules."""
+    from ..models.bottleneck import pooling_options
+
+    pooling, similarity, _ = pooling_options(recorded_options(state))
+    try:
+        return from_options(pooling, similarity)
+    except ValueError as e:
+        raise ExportError(f"{checkpoint}: records {e}") from None
+
+
+def verify_representation(
+    fairseq_model, folder: Path, texts_source: Union[SpmTexts, HFTexts], texts: List[str], max_len: int,
+    representation: Representation, atol: float,
+) -> float:  # fmt: skip
+    """``SentenceTransformer`` on the written ``folder`` against the vector fairseq computes for the
+    same texts (its features pooled as ``representation`` says, normalised for cosine, with
+    ``models.bottleneck.pool``, what pre-training and its validation read); raises ExportError."""
+    import torch.nn.functional as F
+    from sentence_transformers import SentenceTransformer
+
+    from ..models.bottleneck import pool
+
+    st = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    batch = st.tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+    fs_ids = batch["input_ids"]
+    if texts_source.fairseq_to_hf is not None:
+        fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
+    with torch.no_grad():
+        features, _ = fairseq_model(fs_ids, features_only=True)
+        ours = pool(features, ~batch["attention_mask"].bool(), representation.pooling)
+        if representation.normalize:
+            ours = F.normalize(ours, p=2, dim=-1)
+        theirs = st.encode(list(texts), convert_to_tensor=True, batch_size=len(texts), show_progress_bar=False)
+    diff = (ours - theirs.to(ours.dtype)).abs().max().item()
+    if not diff <= atol:
+        raise ExportError(
+            f"SentenceTransformer's vectors ({representation.describe()}) differ from fairseq's: max abs diff "
+            f"{diff:.3g} > {atol:g}"
+        )
+    return diff
+
+
 def _max_abs_diff(a, b, mask):
     return (a - b).abs()[mask.bool()].max().item()
 
@@ -270,13 +320,15 @@ def export(
     trust_checkpoint: bool = False,
     **representation_options,
 ) -> Path:
-    """``representation``: a registered exporter's name (``representation.py``): ``dupmae``
-    adds DupMAE's head files (``seed_fairseq/dupmae/export.py``), ``cls`` does not; None: the
-    one the checkpoint declares (``dupmae`` for a DupMAE checkpoint exported without the MLM
-    head), else ``cls``.  ``representation_options`` go to that exporter: DupMAE's
-    ``dupmae_dim`` (d', default min(384, d)) and ``dupmae_top_k`` (k, default min(384,
-    selectable vocabulary)).  ``trust_checkpoint``: load the checkpoint with the full
-    unpickler (``load_inputs``)."""
+    """``representation``: a registered exporter's name (``representation.py``): ``own`` writes
+    the sentence-transformers modules of the model's own representation as the checkpoint
+    records it (its pooling, ``Normalize`` and similarity: ``recorded_representation``), ``cls``
+    the papers' [CLS] and dot product instead, ``dupmae`` adds DupMAE's head files
+    (``seed_fairseq/dupmae/export.py``) to ``own``'s folder; None: the one the checkpoint
+    declares (``dupmae`` for a DupMAE checkpoint exported without the MLM head), else ``own``.
+    ``representation_options`` go to that exporter: DupMAE's ``dupmae_dim`` (d', default
+    min(384, d)) and ``dupmae_top_k`` (k, default min(384, selectable vocabulary)).
+    ``trust_checkpoint``: load the checkpoint with the full unpickler (``load_inputs``)."""
     from fairseq import checkpoint_utils
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, XLMRobertaForMaskedLM, XLMRobertaModel
 
@@ -298,7 +350,8 @@ def export(
     architecture = encoder_architecture(model_cfg, checkpoint)
     max_len = architecture.max_positions
     if exporter is None:
-        exporter = representations.CLS if with_lm_head else representations.default_for(cfg)
+        exporter = representations.OWN if with_lm_head else representations.default_for(cfg)
+    sentence = exporter.sentence_representation(recorded_representation(state, checkpoint))
     given = {k: v for k, v in representation_options.items() if v is not None}
     foreign = [representations.owner_of(k) for k in given if k not in exporter.options]
     if foreign:
@@ -354,8 +407,8 @@ def export(
             hf_model.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
             if not with_lm_head:
-                save_sentence_transformer(staging, max_len)
-            card = model_card(cfg, model_cfg, state, src, diff, with_lm_head)
+                save_sentence_transformer(staging, max_len, sentence)
+            card = model_card(cfg, model_cfg, state, src, diff, with_lm_head, sentence)
             if built is not None:
                 built.save(staging)
                 card += built.card()
@@ -372,6 +425,8 @@ def export(
                 atol,
                 with_lm_head,
             )
+            if not with_lm_head:  # the vector users rank with: the written modules against fairseq
+                verify_representation(fs_model, staging, src, texts, max_len, sentence, atol)
             if built is not None:  # the representation's files, reloaded the way the retrieval tools load them
                 built.verify(staging)
             # the record last: it lists the files --force may replace (nothing else in OUT)
@@ -383,6 +438,11 @@ def export(
                     "dictionary_sha256": dictionary_sha256(Path(data) / "dict.txt"),
                     "with_lm_head": with_lm_head,
                     "representation": exporter.name,
+                    # what the sentence-transformers modules compute (retrieval tools read "similarity":
+                    # hf/sentence.declared_similarity)
+                    "pooling": sentence.pooling,
+                    "normalize": sentence.normalize,
+                    "similarity": sentence.similarity,
                     "max_abs_diff": diff,
                 },
             )
@@ -392,17 +452,18 @@ def export(
     return out
 
 
-def save_sentence_transformer(folder: Path, max_len: int) -> None:
-    """The sentence-transformers files of ``folder`` (a saved encoder): [CLS] pooling, no normalisation."""
+def save_sentence_transformer(folder: Path, max_len: int, representation: Representation = PAPERS) -> None:
+    """The sentence-transformers files of ``folder`` (a saved encoder): the ``representation``'s
+    pooling, a ``Normalize`` module when it compares by cosine, and its ``similarity_fn_name``
+    (default: the papers' [CLS] pooling, no normalisation, dot product)."""
     from sentence_transformers import SentenceTransformer
 
-    try:  # sentence-transformers >= 6; importing sentence_transformers.models warns there
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    except ImportError:  # 3.x - 5.x
-        from sentence_transformers.models import Pooling, Transformer
-
+    Transformer, Pooling, Normalize = st_modules()
     word = Transformer(str(folder), max_seq_length=max_len)
     # sentence-transformers >= 5 renamed get_word_embedding_dimension (the old name warns)
     dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
-    pooling = Pooling(dim(), pooling_mode="cls")
-    SentenceTransformer(modules=[word, pooling], device="cpu").save(str(folder))
+    modules = [word, Pooling(dim(), pooling_mode=representation.st_pooling)]
+    if representation.normalize:
+        modules.append(Normalize())
+    model = SentenceTransformer(modules=modules, device="cpu", similarity_fn_name=representation.similarity)
+    model.save(str(folder))

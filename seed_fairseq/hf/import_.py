@@ -8,7 +8,9 @@
     OUT/hf_tokenizer.json    the id mapping and word-boundary convention
     OUT/tokenizer/           the model's tokenizer (what preprocess.build --tokenizer and the
                              export use)
-    OUT/model_args.txt       the fairseq-train options that rebuild this encoder exactly
+    OUT/model_args.txt       the fairseq-train options that rebuild this encoder exactly and
+                             train its own representation (--bottleneck-pooling,
+                             --retrieval-similarity: what its sentence-transformers modules do)
     OUT/seed_fairseq_import.json   this tool's record, written last; it lists the files above
 
 Before the folder appears, the fairseq encoder built from the written files is
@@ -18,6 +20,13 @@ there is a head); the folder is assembled under a temporary name and renamed.
 anything else in OUT (a user's notes) stays (``fileio.staged_output``).
 Weights stored in fp16 or bf16 are read, compared (the HF reference loaded in
 float32) and written in float32; the record says the stored precision.
+
+The model's representation (``sentence.py``): a sentence-transformers folder's pooling,
+normalisation and similarity are recorded (``representation`` in the record, the task
+options in the checkpoint and in ``model_args.txt``), and the pooled vector fairseq computes
+is compared with ``SentenceTransformer``'s on the same strings; what the plugin cannot carry
+(a Dense module, weightedmean pooling, ...) is refused before anything is written.  A plain
+HuggingFace folder (no ``modules.json``) gets the papers' [CLS] vector and dot product.
 """
 
 import logging
@@ -57,6 +66,7 @@ from .folder import (
 )
 from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq
 from .keymap import UnmappedKeyError
+from .sentence import Representation, read_folder
 
 if TYPE_CHECKING:
     from fairseq.models import BaseFairseqModel
@@ -145,6 +155,7 @@ class Source(NamedTuple):
     stored_dtype: str  # what the files hold: float32, float16, bfloat16
     tokenizer: "PreTrainedTokenizerFast"
     vocab: TokenizerVocab
+    representation: Representation  # what its sentence-transformers modules compute (sentence.py)
 
 
 def check_source(hf_dir: Path) -> None:
@@ -158,6 +169,7 @@ def check_source(hf_dir: Path) -> None:
         check_architecture(hf_cfg, hf_dir)
         transformers_config(hf_dir)
         check_fits_weights(hf_cfg, weight_shapes(hf_dir), hf_dir / CONFIG)
+        read_folder(hf_dir)
     except HFFolderError as e:
         raise HFImportError(str(e)) from None
     rows = hf_cfg["vocab_size"]
@@ -180,6 +192,7 @@ def read_source(hf_dir: Path) -> Source:
         transformers_config(hf_dir)
         weights = read_weights(hf_dir)
         check_fits_weights(hf_cfg, {k: tuple(v.shape) for k, v in weights.items()}, hf_dir / CONFIG)
+        representation = read_folder(hf_dir)
     except HFFolderError as e:
         raise HFImportError(str(e)) from None
     dtype = stored_dtype(weights)
@@ -193,11 +206,12 @@ def read_source(hf_dir: Path) -> Source:
         vocab = vocab_from_tokenizer(tok, hf_dir, expected_size=rows)
     except TokenizerError as e:
         raise HFImportError(str(e)) from None
-    return Source(hf_cfg, family, weights, dtype, tok, vocab)
+    return Source(hf_cfg, family, weights, dtype, tok, vocab, representation)
 
 
-def model_args(cfg: dict, max_positions: int) -> List[str]:
-    """fairseq-train options that build this encoder (any objective's arch; pass them after --arch)."""
+def model_args(cfg: dict, max_positions: int, representation: Representation = Representation()) -> List[str]:
+    """fairseq-train options that build this encoder (any objective's arch; pass them after --arch)
+    and make every objective train and validate the model's own representation."""
     return [
         "--encoder-layers",
         str(cfg["num_hidden_layers"]),
@@ -217,6 +231,7 @@ def model_args(cfg: dict, max_positions: int) -> List[str]:
         repr(float(cfg.get("hidden_dropout_prob", FLOAT_SETTINGS["hidden_dropout_prob"][0]))),
         "--attention-dropout",
         repr(float(cfg.get("attention_probs_dropout_prob", FLOAT_SETTINGS["attention_probs_dropout_prob"][0]))),
+        *representation.task_args(),
     ]
 
 
@@ -310,6 +325,29 @@ def compare(fs_model, hf_model, hf_mlm, tok, vocab, texts, max_len) -> float:
     return diff
 
 
+def compare_representation(fs_model, hf_dir: Path, tok, vocab, texts, max_len) -> Optional[float]:
+    """Max abs difference between the vectors fairseq's model scores (``sentence_embedding``: its
+    task's pooling and similarity) and ``SentenceTransformer``'s of ``hf_dir`` on ``texts``
+    (normalised when the similarity is cosine); None for a folder without ``modules.json``."""
+    from sentence_transformers import SentenceTransformer
+
+    from .sentence import MODULES
+
+    if not (hf_dir / MODULES).is_file():
+        return None
+    st = SentenceTransformer(str(hf_dir), device="cpu", local_files_only=True)
+    st.max_seq_length = max_len
+    batch = tok(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+    tokens = torch.as_tensor(vocab.hf_to_fairseq)[batch["input_ids"]]
+    with torch.no_grad():
+        features, _ = fs_model(tokens, features_only=True)
+        ours = fs_model.sentence_embedding(features, tokens)
+        theirs = st.encode(list(texts), convert_to_tensor=True, batch_size=len(texts), show_progress_bar=False)
+    if fs_model.similarity == "cosine":
+        theirs = torch.nn.functional.normalize(theirs, p=2, dim=-1)
+    return (ours - theirs.to(ours.dtype)).abs().max().item()
+
+
 def _load_hf(auto_class, folder):
     """The HF reference in float32, quietly: its load report lists the heads the class
     leaves out.  transformers 5 otherwise keeps the stored dtype (fp16 / bf16), which
@@ -338,7 +376,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
         raise HFImportError(str(e)) from None
     if earlier is not None and earlier.complete and not force:
         raise HFImportError(f"{out}: holds an earlier import; pass --force to replace it")
-    hf_cfg, family, weights, source_dtype, tok, vocab = read_source(hf_dir)
+    hf_cfg, family, weights, source_dtype, tok, vocab, representation = read_source(hf_dir)
     logger.info(f"{hf_dir}: weights stored in {source_dtype}; imported, compared and written in float32")
     pad = vocab.fairseq_to_hf[1]
     layers = hf_cfg["num_hidden_layers"]
@@ -350,7 +388,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
     if dropped:
         logger.info(f"not imported (no fairseq counterpart): {', '.join(dropped)}")
     has_head = HEAD + "bias" in fs_state
-    args = model_args(hf_cfg, max_positions)
+    args = model_args(hf_cfg, max_positions, representation)
 
     # OUT keeps what its record does not list (a user's notes); see fileio.staged_output
     try:
@@ -380,6 +418,13 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
             diff = compare(model, hf_model, hf_mlm, tok, vocab, CHECK_STRINGS, max_positions)
             if not diff <= atol:
                 raise HFImportError(f"{hf_dir}: fairseq outputs differ from HF's: max abs diff {diff:.3g} > {atol:g}")
+            # the vector the model is used by: fairseq's pooled (and normalised) one against SentenceTransformer's
+            pooled = compare_representation(model, hf_dir, tok, vocab, CHECK_STRINGS, max_positions)
+            if pooled is not None and not pooled <= atol:
+                raise HFImportError(
+                    f"{hf_dir}: fairseq's {representation.describe()} differs from SentenceTransformer's: max abs "
+                    f"diff {pooled:.3g} > {atol:g}"
+                )
 
             source = {
                 "source": "import_from_hf",
@@ -398,6 +443,10 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
                 raise HFImportError(f"{hf_dir}: the written checkpoint differs from HF: max abs diff {diff:.3g}")
             write_text_atomic(staging / MODEL_ARGS, shlex.join(args) + "\n")
             logger.info(f"fairseq vs HF on {len(CHECK_STRINGS)} strings: max abs diff {diff:.2e}")
+            logger.info(
+                f"the model's representation: {representation.describe()} ({shlex.join(representation.task_args())})"
+                + ("" if pooled is None else f"; fairseq vs SentenceTransformer: max abs diff {pooled:.2e}")
+            )
             record.update(
                 {
                     "tool": "seed_fairseq.hf.import_",
@@ -414,6 +463,10 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
                     "tokenizer_sha256": vocab.sha256,
                     "max_positions": max_positions,
                     "model_args": args,
+                    # what its sentence-transformers modules compute: every objective continued from
+                    # the import trains and validates this vector (model_args' task options)
+                    "representation": representation.record(),
+                    "representation_max_abs_diff": pooled,
                     "max_abs_diff": diff,
                 },
             )

@@ -1,6 +1,10 @@
 """What an export writes for a retrieval representation, beside the encoder folder.
 
-``cls`` is built in: the sentence-transformers folder with [CLS] pooling, nothing more.
+Two are built in, and write nothing beyond the sentence-transformers folder: ``own``, whose
+modules are the model's own representation as the checkpoint records it (its pooling,
+``Normalize`` when it compares by cosine, and that similarity: the task options
+``--bottleneck-pooling`` / ``--retrieval-similarity``, ``sentence.py``), and ``cls``, the
+papers' [CLS] vector and dot product whatever the checkpoint records.
 Another representation's exporter registers itself with :func:`register` when its
 module is imported (DupMAE's: ``seed_fairseq/dupmae/export.py``) and is found
 without this package importing it, through the ``seed_fairseq.exporters`` entry
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
 
 from ..extensions import Extensions
+from .sentence import PAPERS, Representation
 
 ENTRY_POINTS = "seed_fairseq.exporters"
 
@@ -59,11 +64,17 @@ class Built(Protocol):
 
 
 class Exporter:
-    """The built-in ``cls`` exporter (nothing beside the encoder folder); subclasses add files."""
+    """The built-in ``own`` exporter (nothing beside the encoder folder, whose sentence-transformers
+    modules are the checkpoint's representation); subclasses add files."""
 
-    name = "cls"
-    label = "[CLS]"  # in messages: "exports the [CLS] representation"
+    name = "own"
+    label = "model's own"  # in messages: "exports the model's own representation"
     options: Mapping[str, str] = {}  # export() keyword -> its command-line flag
+
+    def sentence_representation(self, recorded: Representation) -> Representation:
+        """The representation the folder's sentence-transformers modules compute, given the one the
+        checkpoint records (``recorded``)."""
+        return recorded
 
     def refuse(self, with_lm_head: bool) -> Optional[str]:
         """Why this representation cannot be exported with these settings (None: it can)."""
@@ -82,10 +93,22 @@ class Exporter:
         return None
 
 
-CLS = Exporter()
-_EXTENSIONS: Extensions[Exporter] = Extensions(ENTRY_POINTS, Exporter, CLS.name)
+class ClsExporter(Exporter):
+    """``cls``: the papers' [CLS] vector and dot product, whatever the checkpoint records."""
+
+    name = "cls"
+    label = "[CLS]"
+
+    def sentence_representation(self, recorded: Representation) -> Representation:
+        return PAPERS
+
+
+OWN = Exporter()
+CLS = ClsExporter()
+_EXTENSIONS: Extensions[Exporter] = Extensions(ENTRY_POINTS, Exporter, OWN.name)
 register = _EXTENSIONS.register
 names = _EXTENSIONS.names
+register(OWN)
 register(CLS)
 
 
@@ -100,10 +123,10 @@ def get(name: str) -> Exporter:
 
 
 def default_for(cfg: dict) -> Exporter:
-    """The representation a checkpoint trained with ``cfg`` declares (``cls`` unless another claims it)."""
-    return next((e for e in _EXTENSIONS.others() if e.is_default(cfg)), CLS)
+    """The representation a checkpoint trained with ``cfg`` declares (``own`` unless another claims it)."""
+    return next((e for e in _EXTENSIONS.others() if e.is_default(cfg)), OWN)
 
 
 def owner_of(option: str) -> Optional[Exporter]:
     """The exporter an ``export()`` keyword belongs to."""
-    return next((e for e in (CLS, *_EXTENSIONS.others()) if option in e.options), None)
+    return next((e for e in (OWN, *_EXTENSIONS.others()) if option in e.options), None)

@@ -107,10 +107,15 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ef-search", type=positive_int, default=128)
     g.add_argument(
         "--representation",
-        choices=representations.names(),  # cls, dupmae
+        choices=representations.names(),  # own, cls, dupmae
         default=None,
-        help="cls: the [CLS] vector; dupmae: DupMAE's projected [CLS] + top-k vocabulary entries (Eq. 10-12; "
-        "the folder needs dupmae.json and dupmae_head.safetensors). Default: what the model folder declares",
+        help="own: the model as its folder says: its sentence-transformers modules as written (its pooling, its "
+        "Normalize) compared by its similarity (config_sentence_transformers.json's similarity_fn_name; cosine "
+        "for a model that normalises; dot for one this project exported as [CLS] + dot), cosine searched as "
+        "normalised vectors in the inner-product index; cls: the papers' [CLS] vector and dot product, whatever "
+        "the folder's pooling; dupmae: DupMAE's projected [CLS] + top-k vocabulary entries (Eq. 10-12; the "
+        "folder needs dupmae.json and dupmae_head.safetensors). Default: what the folder declares (dupmae with "
+        "DupMAE's head files, else own)",
     )
     g.add_argument(
         "--sparse-top-k",

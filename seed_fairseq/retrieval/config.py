@@ -55,8 +55,13 @@ class FinetuneConfig:
         help="negatives of the first ANCE round: the starting model's own top-k, or BM25",
     )
     margin: float = _flag(1.0, type=nonneg_float, help="triplet margin")  # triplet loss
-    # MNRL logit scale; 1 = plain dot product as in DPR
-    scale: float = _flag(1.0, type=positive_float, help="MNRL logit scale (1 = raw dot product)")
+    # MNRL logit scale; None: follows the model's similarity (training.SCALES)
+    scale: Optional[float] = _flag(
+        None,
+        type=positive_float,
+        help="MNRL logit scale (default: the model's similarity decides: 20 for cosine, as sentence-transformers' "
+        "MultipleNegativesRankingLoss; 1 for dot product, DPR's softmax over raw dot products)",
+    )
     eval_every: int = _flag(
         0, type=nonneg_int, help="dev metrics every N steps within an epoch (0: step 0 and epoch ends only)"
     )
@@ -121,6 +126,8 @@ class FinetuneConfig:
         }
         for name, (low, high, low_ok) in ranges.items():
             value = getattr(self, name)
+            if name == "scale" and value is None:  # the model's similarity decides (training.loss_scale)
+                continue
             ok = (
                 isinstance(value, (int, float))
                 and math.isfinite(value)

@@ -2,8 +2,9 @@
 
     python examples/retrieval/evaluate.py --model HF_DIR --data DIR --split test --run OUT.trec
 
-HF_DIR is an exported checkpoint (examples/export_to_hf.py) or a folder saved by
-finetune.py: a sentence-transformers model with [CLS] pooling.  The metrics
+HF_DIR is an exported checkpoint (examples/export_to_hf.py), a folder saved by
+finetune.py or any sentence-transformers model, in its own representation
+(``search.load_model``).  The metrics
 (MRR@10, R@100, R@1000, nDCG@10; those whose cutoff is within --k) are printed as one JSON object on the
 last line.
 """

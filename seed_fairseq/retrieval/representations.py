@@ -1,7 +1,11 @@
 """Retrieval representations: what a model folder turns a text into, and how it is searched.
 
-``cls`` (the [CLS] vector, dot product, ``search.DenseRetriever``) is built in:
-``search.py`` registers it.  Another representation registers itself with
+Two are built in (``search.py`` registers them; both search with ``search.DenseRetriever``):
+``own``, the default of a folder that declares no other, is the model as its folder says
+(its sentence-transformers modules as written: its pooling, its ``Normalize``) compared by
+its similarity (``hf/sentence.declared_similarity``; cosine: unit vectors, so the
+inner-product index ranks by cosine); ``cls``, chosen explicitly, is the papers' [CLS]
+vector compared by dot product, whatever the folder's pooling.  Another representation registers itself with
 :func:`register` when its module is imported (DupMAE's: ``seed_fairseq/dupmae/retriever.py``)
 and is found without this package importing it: a name this registry does not know, or a
 question about a folder or a loaded model, first loads the ``seed_fairseq.representations``
@@ -18,7 +22,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 ENTRY_POINTS = "seed_fairseq.representations"
-BUILT_IN = "cls"
+BUILT_IN = "own"
 
 
 class Retriever(Protocol):
@@ -32,8 +36,8 @@ class Representation:
     """One representation; ``load`` and ``save`` work on sentence-transformers models.
 
     * ``declared_by(folder)``: does a model folder declare it (the default of ``--representation``)
-    * ``load(cls_model, folder, sparse_top_k)``: the folder's model (loaded with [CLS] pooling)
-      in this representation; :class:`~seed_fairseq.retrieval.data.DataFormatError` naming the file
+    * ``load(st_model, folder, sparse_top_k)``: the folder's model (as sentence-transformers loads
+      it: its own modules) in this representation; :class:`~seed_fairseq.retrieval.data.DataFormatError` naming the file
     * ``owns(model)``: is a loaded model one of this representation
     * ``retriever(model, corpus, **kwargs)``: corpus encoded and indexed, with ``retrieve(queries, k)``
     * ``save(model, folder)``: a loaded model written back as a folder of this representation
@@ -67,10 +71,10 @@ def _others():
 
 
 def of_folder(folder: Path) -> Representation:
-    """What a model folder declares (``cls`` unless another representation's files are there)."""
+    """What a model folder declares (``own`` unless another representation's files are there)."""
     return next((r for r in _others() if r.declared_by(Path(folder))), get(BUILT_IN))
 
 
 def of_model(model: "SentenceTransformer") -> Representation:
-    """The representation a loaded model is in (``cls`` unless another one owns it)."""
+    """The representation a loaded model is in (``own`` unless another one owns it)."""
     return next((r for r in _others() if r.owns(model)), get(BUILT_IN))

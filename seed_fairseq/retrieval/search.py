@@ -1,7 +1,10 @@
 """Encoding with a SentenceTransformer and top-k search with faiss.
 
-Scores are inner products of [CLS] vectors, as in the paper (no
-normalisation), so every index below uses ``METRIC_INNER_PRODUCT``.
+Scores are inner products of the model's vectors, so every index below uses
+``METRIC_INNER_PRODUCT``: the dot product of a model that compares by it (the papers'
+[CLS] vectors), the cosine of one that compares by cosine, whose vectors are unit-normalised
+(its ``Normalize`` module, added at load when its folder declares cosine without one:
+the built-in representations at the end of this file).
 """
 
 import contextlib
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 
 from ..hf.folder import CONFIG, HFFolderError, check_folder
+from ..hf.sentence import SIMILARITIES, declared_similarity, module_list, st_modules
 from ..vocabulary.tokenizer import TokenizerError, broken_json, check_tokenizer_fits
 from . import representations
 from .data import DataFormatError
@@ -100,10 +104,12 @@ def load_model(
     Only local folders: sentence-transformers would look a missing path up on
     the Hugging Face hub (a network wait, then a long traceback).
 
-    ``representation``: ``cls`` (the folder's [CLS] pooling), another registered one
-    (``representations.py``; ``dupmae``: DupMAE's dense + sparse representation,
-    ``seed_fairseq/dupmae/``, whose head files the folder must hold) or None: what
-    the folder declares.  ``sparse_top_k`` overrides the DupMAE head's top-k.
+    ``representation``: ``own`` (the folder's sentence-transformers modules as written,
+    compared by its similarity: :func:`similarity`), ``cls`` (the papers' [CLS] vector and dot
+    product), another registered one (``representations.py``; ``dupmae``: DupMAE's dense +
+    sparse representation, ``seed_fairseq/dupmae/``, whose head files the folder must hold) or
+    None: what the folder declares (``dupmae`` with its head files, else ``own``).
+    ``sparse_top_k`` overrides the DupMAE head's top-k.
     """
     chosen = representations.get(representation) if representation is not None else None
     folder = Path(path)
@@ -437,25 +443,106 @@ class DenseRetriever:
 
 
 # ---------------------------------------------------------------------------------------------
-# the built-in representation: the folder's [CLS] pooling
+# the built-in representations: the folder's own, and the papers' [CLS] vector
 # ---------------------------------------------------------------------------------------------
 
+# where load_model notes the similarity it read from the folder (sentence-transformers' own
+# similarity_fn_name says "cosine" for a model that never set one)
+SIMILARITY_ATTR = "seed_fairseq_similarity"
 
-def _load_cls(model: "SentenceTransformer", folder: Path, sparse_top_k: Optional[int]) -> "SentenceTransformer":
-    if sparse_top_k is not None:
-        raise DataFormatError(
-            folder, None, "--sparse-top-k applies to DupMAE's representation; this model is loaded with [CLS] pooling"
-        )
+
+def normalizes(model: "SentenceTransformer") -> bool:
+    """Does the model's last module L2-normalise its vectors (sentence-transformers' ``Normalize``)?"""
+    try:
+        return type(model[len(model) - 1]).__name__ == "Normalize"
+    except (TypeError, IndexError, KeyError):
+        return False
+
+
+def similarity(model: "SentenceTransformer") -> str:
+    """``cosine`` or ``dot``: how ``model`` compares its vectors, as :func:`load_model` read it from
+    its folder; for a model built in memory, cosine when it normalises, else the dot product."""
+    declared = getattr(model, SIMILARITY_ATTR, None)
+    if declared in SIMILARITIES:
+        return declared
+    return "cosine" if normalizes(model) else "dot"
+
+
+def _with_similarity(model: "SentenceTransformer", name: str) -> "SentenceTransformer":
+    """``model`` comparing by ``name``: unit vectors for cosine (a ``Normalize`` module appended when
+    it has none, so the inner-product index and the dot-product losses see cosines)."""
+    if name == "cosine" and not normalizes(model):
+        model.append(st_modules()[2]())  # Normalize
+    model.similarity_fn_name = name  # what sentence-transformers' similarity() and save() use
+    setattr(model, SIMILARITY_ATTR, name)
     return model
 
 
-CLS = representations.register(
+def module_list_or_none(folder: Path) -> Optional[list]:
+    """``hf.sentence.module_list`` of ``folder`` (None: no ``modules.json``), a bad file a DataFormatError."""
+    try:
+        return module_list(folder)
+    except HFFolderError as e:
+        raise DataFormatError(e.path, None, e.problem) from None
+
+
+def _no_sparse_top_k(folder: Path, sparse_top_k: Optional[int], how: str) -> None:
+    if sparse_top_k is not None:
+        raise DataFormatError(folder, None, f"--sparse-top-k applies to DupMAE's representation; this model is {how}")
+
+
+def _load_own(model: "SentenceTransformer", folder: Path, sparse_top_k: Optional[int]) -> "SentenceTransformer":
+    """The folder's model as its sentence-transformers modules say, compared by its similarity; a
+    plain HuggingFace folder (no ``modules.json``: sentence-transformers would pool it by its own
+    default, the mean) has no representation of its own and gets the papers' [CLS] and dot product,
+    as its import does (``hf/sentence.py``)."""
+    if module_list_or_none(folder) is None:
+        return _load_cls(model, folder, sparse_top_k)
+    _no_sparse_top_k(folder, sparse_top_k, "loaded with its own sentence-transformers modules")
+    try:
+        name = declared_similarity(folder, normalizes(model))
+    except HFFolderError as e:
+        raise DataFormatError(e.path, None, e.problem) from None
+    return _with_similarity(model, name)
+
+
+def _load_cls(model: "SentenceTransformer", folder: Path, sparse_top_k: Optional[int]) -> "SentenceTransformer":
+    """The folder's encoder with [CLS] pooling and the dot product (its own pooling and
+    normalisation left out)."""
+    from sentence_transformers import SentenceTransformer
+
+    _no_sparse_top_k(folder, sparse_top_k, "loaded with [CLS] pooling")
+    Pooling = st_modules()[1]
+    encoder = model[0]
+    # sentence-transformers >= 5 renamed get_word_embedding_dimension
+    dim = getattr(encoder, "get_embedding_dimension", None) or getattr(encoder, "get_word_embedding_dimension", None)
+    if dim is None:
+        raise DataFormatError(folder, None, "its first module is not an encoder whose [CLS] vector could be taken")
+    cls = SentenceTransformer(modules=[encoder, Pooling(dim(), pooling_mode="cls")], device=str(model.device))
+    return _with_similarity(cls, "dot")
+
+
+def _save(model: "SentenceTransformer", folder: Path) -> None:
+    model.save(str(folder))
+
+
+OWN = representations.register(
     Representation(
         name=representations.BUILT_IN,
         declared_by=lambda folder: False,  # the default: what a folder declaring nothing else is
-        load=_load_cls,
+        load=_load_own,
         owns=lambda model: True,
         retriever=DenseRetriever,
-        save=lambda model, folder: model.save(str(folder)),
+        save=_save,
+    )
+)
+CLS = representations.register(
+    Representation(
+        name="cls",
+        declared_by=lambda folder: False,  # chosen explicitly (--representation cls)
+        load=_load_cls,
+        owns=lambda model: False,  # a loaded [CLS] model is an ordinary sentence-transformers model (own)
+        retriever=DenseRetriever,
+        save=_save,
     )
 )

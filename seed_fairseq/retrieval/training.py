@@ -1,4 +1,4 @@
-"""Fine-tune an exported encoder as a shared-weight dual encoder ([CLS], dot product).
+"""Fine-tune an exported encoder as a shared-weight dual encoder, in the model's own representation.
 
     python examples/retrieval/finetune.py --model HF_DIR --data DIR --split train --out OUT_DIR \\
         [--negatives bm25|ance|none] [--loss mnrl|triplet] [--train-fraction F] [--eval-every N]
@@ -11,11 +11,16 @@
   repeat (``--ance-rounds``).  Each round restarts the optimizer and the
   linear schedule (warm-up only in the first round); the original ANCE
   refreshes the index asynchronously instead, which needs a second GPU.
-* ``--loss mnrl`` (default): sentence-transformers' MultipleNegativesRankingLoss
-  with a raw dot product (scale 1), i.e. DPR's softmax over in-batch + hard
-  negatives.  ``--loss triplet``: the paper's Eq. (4.2)
-  ``relu(margin - (s(q,d+) - s(q,d-)))`` with s = dot product, via
-  TripletLoss with a negative-dot-product "distance".
+* The model keeps its representation: its pooling and normalisation (the folder's
+  sentence-transformers modules, saved back as they are) and its similarity s
+  (``config_sentence_transformers.json``'s, cosine for a model that normalises; the
+  papers' [CLS] models compare by dot product; ``--representation cls`` forces [CLS] + dot).
+* ``--loss mnrl`` (default): sentence-transformers' MultipleNegativesRankingLoss,
+  a softmax over in-batch + hard negatives of s x ``--scale``.  The default scale
+  follows the similarity: 20 for cosine (sentence-transformers' default for its
+  cosine models), 1 for dot product (DPR's softmax over raw dot products).
+  ``--loss triplet``: the paper's Eq. (4.2) ``relu(margin - (s(q,d+) - s(q,d-)))``,
+  via TripletLoss with -s as "distance".
 * ``--train-fraction F``: a deterministic subset of the training queries
   (Figure 6c/d few-shot curves); nested fractions are nested subsets.
 * ``--eval-every N``: retrieval metrics on ``--dev-split`` at step 0, every
@@ -70,7 +75,7 @@ from .config import FinetuneConfig
 from .curve import CURVE_METRICS, CurveEvaluator, ProgressLog  # noqa: F401  (CURVE_METRICS: its 0.2 import path)
 from .data import DataFormatError, RetrievalData, subsample
 from .negatives import mine_bm25, mine_dense
-from .search import length_source, load_model
+from .search import length_source, load_model, similarity
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -79,18 +84,38 @@ RECORD = "finetune.json"  # this tool's record in OUT: the files it may replace
 OUT_TOOL = "finetune.py"  # how messages about OUT name the tool
 
 
+# MNRL's logit scale by the model's similarity when --scale is not given: sentence-transformers'
+# default for its cosine models, DPR's raw dot products
+SCALES = {"cosine": 20.0, "dot": 1.0}
+
+
 def neg_dot_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TripletLoss minimises d(q,d+) - d(q,d-) + margin; with d = -dot this is the paper's loss."""
     return -(a * b).sum(-1)
 
 
+def neg_cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """d = -cosine: the paper's loss for a model that compares by cosine."""
+    return -torch.nn.functional.cosine_similarity(a, b, dim=-1)
+
+
+def loss_scale(model: "SentenceTransformer", cfg: FinetuneConfig) -> float:
+    """MNRL's logit scale: ``--scale``, else the one of the model's similarity (:data:`SCALES`)."""
+    return float(cfg.scale) if cfg.scale is not None else SCALES[similarity(model)]
+
+
 def make_loss(model: "SentenceTransformer", cfg: FinetuneConfig) -> torch.nn.Module:
+    """The loss in the model's similarity (``search.similarity``): dot product or cosine."""
     from sentence_transformers import util
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss, TripletLoss
 
+    cosine = similarity(model) == "cosine"
     if cfg.loss == "triplet":
-        return TripletLoss(model, distance_metric=neg_dot_distance, triplet_margin=cfg.margin)
-    return MultipleNegativesRankingLoss(model, scale=cfg.scale, similarity_fct=util.dot_score)
+        distance = neg_cosine_distance if cosine else neg_dot_distance
+        return TripletLoss(model, distance_metric=distance, triplet_margin=cfg.margin)
+    return MultipleNegativesRankingLoss(
+        model, scale=loss_scale(model, cfg), similarity_fct=util.cos_sim if cosine else util.dot_score
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -163,6 +188,8 @@ def finetune(
         total_steps += steps
     return {
         "train_queries": len(qids),
+        "similarity": similarity(model),
+        "scale": loss_scale(model, cfg) if cfg.loss == "mnrl" else None,
         "train_examples_last_round": n_examples,
         "steps": total_steps,
         "rounds": rounds,

@@ -178,9 +178,9 @@ DUPMAE = ObjectiveDescription(
     paper_url="https://arxiv.org/abs/2211.08769",
     label="DupMAE",
     arch="dupmae_base",
-    representations=("dupmae", "cls"),
+    representations=("dupmae", "own"),
     notes="RetroMAE + bag-of-words term (weight 1, the paper's); evaluated with its dense+sparse "
-    "representation and with [CLS] alone",
+    "representation and with its pooled vector alone ([CLS] from scratch)",
     order=21,
     test_arch="dupmae_tiny",
     test_args=("--decoder-ffn-embed-dim", "23"),

@@ -1,0 +1,258 @@
+"""What a sentence-transformers folder computes on top of its encoder: the model's representation.
+
+A sentence-transformers model is its encoder followed by modules (``modules.json``): a
+``Pooling`` module that turns the token vectors into one vector (``1_Pooling/config.json``:
+cls, mean, max, mean_sqrt_len_tokens, lasttoken, weightedmean, or several concatenated),
+optionally a ``Normalize`` module (unit vectors), and a similarity
+(``config_sentence_transformers.json``'s ``similarity_fn_name``).  That is the vector a user
+of the model ranks with; the plugin pre-trains, validates and scores the same one
+(``--bottleneck-pooling``, ``--retrieval-similarity``: ``models/bottleneck.py``).
+
+:func:`read_folder` reads it for the import, refusing (:class:`HFFolderError`, ``FILE:
+problem``) what the plugin cannot reproduce exactly; :func:`declared_similarity` is the
+rule the import and the retrieval tools share:
+
+* a model that normalises (a ``Normalize`` module) compares by cosine: on unit vectors the
+  dot product is the cosine, whatever ``similarity_fn_name`` says;
+* a folder this project wrote (its export or fine-tuning record beside it) compares as that
+  record says; one written before the record said it (0.2.0 before issue 33) was [CLS] and
+  the dot product, although sentence-transformers wrote ``"similarity_fn_name": "cosine"``
+  (its default) into every folder it saved;
+* otherwise ``similarity_fn_name`` (``cosine`` or ``dot``), else the dot product.
+
+A folder without ``modules.json`` (a plain HuggingFace encoder, BERT as released) has no
+representation of its own: it gets the papers' [CLS] vector and dot product.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .folder import HFFolderError
+
+MODULES = "modules.json"
+ST_CONFIG = "config_sentence_transformers.json"
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+# The records this project's tools write beside the model files, with the tools they name: the
+# export's (hf/export.py EXPORT_RECORD) and fine-tuning's (retrieval/training.py RECORD, TOOL)
+TOOL_RECORDS = {
+    "seed_fairseq_export.json": ("seed_fairseq.hf.export",),
+    "finetune.json": ("examples/retrieval/finetune.py",),
+}
+
+# sentence-transformers' pooling modes -> the plugin's (models/bottleneck.POOLING_MODES)
+ST_TO_PLUGIN = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
+                "lasttoken": "lasttoken"}  # fmt: skip
+PLUGIN_TO_ST = {v: k for k, v in ST_TO_PLUGIN.items()}
+# the legacy spelling of 1_Pooling/config.json (sentence-transformers < 5), in its concatenation order
+LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+SIMILARITIES = ("dot", "cosine")
+# similarity_fn_name spellings (sentence_transformers.SimilarityFunction) -> the plugin's
+SIMILARITY_NAMES = {"dot": "dot", "dot_product": "dot", "cosine": "cosine"}
+
+
+@dataclass(frozen=True)
+class Representation:
+    """One vector per text: the encoder's last-layer vectors pooled (``pooling``, the plugin's
+    name), compared by ``similarity``; with ``cosine`` the vectors are L2-normalised (then the
+    inner product is the cosine, what a faiss inner-product index ranks by)."""
+
+    pooling: str = "cls"
+    similarity: str = "dot"
+
+    @property
+    def normalize(self) -> bool:
+        return self.similarity == "cosine"
+
+    @property
+    def st_pooling(self) -> str:
+        """sentence-transformers' name of the pooling (``Pooling(pooling_mode=...)``)."""
+        return PLUGIN_TO_ST[self.pooling]
+
+    def task_args(self) -> List[str]:
+        """The fairseq-train options that make every objective pre-train and validate this vector."""
+        return ["--bottleneck-pooling", self.pooling, "--retrieval-similarity", self.similarity]
+
+    def record(self) -> Dict[str, Any]:
+        return {"pooling": self.pooling, "normalize": self.normalize, "similarity": self.similarity}
+
+    def describe(self) -> str:
+        """``mean pooling, normalised, cosine`` / ``[CLS] vector, dot product``."""
+        if self.pooling == "cls":
+            what = "[CLS] vector"
+        else:
+            what = f"{self.st_pooling} pooling"
+        return f"{what}, {'normalised, cosine' if self.normalize else 'dot product'}"
+
+
+PAPERS = Representation()  # the papers' [CLS] vector and dot product: a model built from scratch
+
+
+def st_modules() -> Tuple[type, type, type]:
+    """sentence-transformers' ``Transformer``, ``Pooling`` and ``Normalize`` classes."""
+    try:  # sentence-transformers >= 6; importing sentence_transformers.models warns there
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    except ImportError:  # 3.x - 5.x
+        from sentence_transformers.models import Normalize, Pooling, Transformer
+    return Transformer, Pooling, Normalize
+
+
+def from_options(pooling: str, similarity: str) -> Representation:
+    """The representation of the task options ``--bottleneck-pooling`` / ``--retrieval-similarity``;
+    ValueError for a value the tools cannot write back."""
+    if pooling not in PLUGIN_TO_ST:
+        raise ValueError(f"bottleneck_pooling {pooling!r} is not one of {', '.join(PLUGIN_TO_ST)}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"retrieval_similarity {similarity!r} is not one of {', '.join(SIMILARITIES)}")
+    return Representation(pooling, similarity)
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise HFFolderError(path, f"not JSON ({e})") from None
+
+
+def _object(path: Path) -> Dict[str, Any]:
+    """A JSON object file; {} when it is missing."""
+    if not path.is_file():
+        return {}
+    value = _json(path)
+    if not isinstance(value, dict):
+        raise HFFolderError(path, f"not a JSON object but a {type(value).__name__}")
+    return value
+
+
+def module_list(folder) -> Optional[List[Tuple[str, str]]]:
+    """``[(kind, path)]`` of ``modules.json`` (kind: the class name, ``Pooling``), None without one."""
+    path = Path(folder) / MODULES
+    if not path.is_file():
+        return None
+    spec = _json(path)
+    if not isinstance(spec, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str) for m in spec):
+        raise HFFolderError(path, "not a list of sentence-transformers modules (each with a 'type')")
+    return [(m["type"].rsplit(".", 1)[-1], str(m.get("path", ""))) for m in spec]
+
+
+def st_pooling_modes(config_path: Path) -> List[str]:
+    """The pooling modes a ``Pooling`` module's config.json names (sentence-transformers' names;
+    several are concatenated), in either spelling (``pooling_mode``, or the legacy booleans)."""
+    cfg = _object(config_path)
+    if not cfg:
+        raise HFFolderError(config_path, "not found: the Pooling module's configuration")
+    mode = cfg.get("pooling_mode")
+    if mode is None:
+        modes = [m for key, m in LEGACY_POOLING_KEYS.items() if cfg.get(key)]
+        return modes or ["mean"]  # sentence-transformers' default
+    modes = [mode] if isinstance(mode, str) else mode
+    if not isinstance(modes, list) or not all(isinstance(m, str) for m in modes):
+        raise HFFolderError(config_path, f"pooling_mode must be a name or a list of names, got {mode!r}")
+    return modes
+
+
+def _is_tool_record(name: str, record: Any) -> bool:
+    if not isinstance(record, dict):
+        return False
+    if record.get("tool") in TOOL_RECORDS[name]:
+        return True
+    # fine-tuning records written before they named their tool (retrieval/training.is_finetune_record)
+    return name == "finetune.json" and {"config", "steps", "train_queries"} <= record.keys()
+
+
+def record_similarity(folder) -> Optional[str]:
+    """The similarity a record of this project's tools in ``folder`` states: its ``similarity``,
+    ``dot`` for one written before records stated it; None without such a record."""
+    for name in TOOL_RECORDS:
+        path = Path(folder) / name
+        try:
+            record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, UnicodeDecodeError, ValueError):
+            record = None  # not this project's record: the model's own files decide
+        if _is_tool_record(name, record) and record.get("similarity", "dot") in SIMILARITIES:
+            return record.get("similarity", "dot")
+    return None
+
+
+def declared_similarity(folder, normalizes: bool) -> str:
+    """``cosine`` or ``dot``: how the model in ``folder`` compares its vectors (the module's rule);
+    :class:`HFFolderError` naming ``config_sentence_transformers.json`` for a similarity the
+    tools cannot search by (euclidean, manhattan)."""
+    if normalizes:
+        return "cosine"
+    recorded = record_similarity(folder)
+    if recorded is not None:
+        return recorded
+    path = Path(folder) / ST_CONFIG
+    name = _object(path).get("similarity_fn_name")
+    if name is None:
+        return "dot"
+    if name not in SIMILARITY_NAMES:
+        raise HFFolderError(
+            path,
+            f"similarity_fn_name {name!r}: the tools rank by inner product, so by dot product or cosine (a model "
+            "that normalises its vectors), not by a distance",
+        )
+    return SIMILARITY_NAMES[name]
+
+
+def read_folder(folder) -> Representation:
+    """The representation a model folder declares, for the import: :data:`PAPERS` without
+    ``modules.json``; with it exactly Transformer (the folder itself), Pooling of one mode the
+    plugin has, and optionally Normalize.  :class:`HFFolderError` (``FILE: problem``) for what
+    the import cannot carry: another module (Dense, LayerNorm, ...), a pooling it cannot
+    reproduce (weightedmean, several concatenated), lower-casing done by sentence-transformers
+    rather than by the tokenizer, a default prompt, a distance as similarity."""
+    folder = Path(folder)
+    modules = module_list(folder)
+    if modules is None:
+        return PAPERS
+    spec = folder / MODULES
+    kinds = [k for k, _ in modules]
+    others = [f"{k} ({p or '.'})" for k, p in modules if k not in ("Transformer", "Pooling", "Normalize")]
+    if others:
+        raise HFFolderError(
+            spec,
+            f"module {others[0]} changes the vector after pooling and the import cannot carry it into fairseq "
+            "(supported: Transformer, Pooling, Normalize)",
+        )
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        raise HFFolderError(
+            spec, f"modules {' -> '.join(kinds) or 'none'}: the import needs Transformer -> Pooling [-> Normalize]"
+        )
+    if modules[0][1] not in ("", "."):
+        raise HFFolderError(
+            spec, f"the Transformer module is in {modules[0][1]!r}: import that folder's encoder (the import reads "
+            "the encoder from the folder itself)",
+        )  # fmt: skip
+    if _object(folder / TRANSFORMER_CONFIG).get("do_lower_case"):
+        raise HFFolderError(
+            folder / TRANSFORMER_CONFIG,
+            "do_lower_case is true: sentence-transformers lower-cases every text before its tokenizer, and the "
+            "import carries only what the tokenizer does",
+        )
+    pooling_path = folder / modules[1][1] / "config.json"
+    modes = st_pooling_modes(pooling_path)
+    if len(modes) != 1 or modes[0] not in ST_TO_PLUGIN:
+        raise HFFolderError(
+            pooling_path,
+            f"pooling {' + '.join(modes)}: the plugin pools by one of {', '.join(ST_TO_PLUGIN)} "
+            "(models/bottleneck.py), so pre-training could not train this vector",
+        )
+    st_config = _object(folder / ST_CONFIG)
+    if st_config.get("default_prompt_name"):
+        raise HFFolderError(
+            folder / ST_CONFIG,
+            f"default_prompt_name {st_config['default_prompt_name']!r}: sentence-transformers puts a prompt before "
+            "every text, which pre-training and the retrieval tools do not",
+        )
+    similarity = declared_similarity(folder, normalizes=kinds[-1] == "Normalize")
+    return Representation(ST_TO_PLUGIN[modes[0]], similarity)
