@@ -187,3 +187,26 @@ def test_the_checker_finds_broken_links(tmp_path):
         "../outside.md",
         "docs/nothing.md",
     ]
+
+
+def test_the_objective_tables_are_written_from_the_descriptions():
+    from seed_fairseq.tasks.tables import stale
+
+    assert stale() == [], "the objective tables differ from the descriptions: run python scripts/objective_tables.py"
+
+
+def test_a_new_objective_is_a_row_of_every_table():
+    import dataclasses
+
+    from seed_fairseq.tasks.tables import FILES, plugin_objectives, rewritten
+
+    described = plugin_objectives()
+    new = dataclasses.replace(
+        described[0], name="novel", compare_name="", title="Novel", label="Novel objective", doc="docs/x.md"
+    )
+    for where, names in FILES.items():
+        text = (REPO / where).read_text(encoding="utf-8")
+        before, after = rewritten(text, where, names, described), rewritten(text, where, names, [*described, new])
+        assert before == text
+        added = set(after.splitlines()) - set(before.splitlines())
+        assert len(added) == len(names) and all("Novel" in line and "x.md" in line for line in added), added
