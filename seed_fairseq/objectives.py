@@ -6,8 +6,8 @@ serves SEED-Encoder, its full-attention ablation and the MLM-only baseline).  Th
 exported model card, the comparison and the contract tests read them through
 ``seed_fairseq.tasks.registry`` instead of keeping tables of their own, so adding an
 objective adds no entry anywhere else: the benchmarks' setups, the comparison's report
-prose, the workflows' help texts and the docs' objective tables
-(``python -m seed_fairseq.tasks.tables``) are written from these fields too.
+prose, the workflows' help texts and the objectives' tables
+(``scripts/objective_tables.py``) are written from these fields too.
 
 This module is below everything (it imports nothing of the project nor fairseq):
 a tool may hold descriptions without importing fairseq; listing the registered
