@@ -53,7 +53,8 @@ def objectives_table(ds: Sequence[ObjectiveDescription], where: str) -> List[str
     ]
     for d in ds:
         archs = _arch(d) + (f"; `{d.test_arch}`" if d.test_arch and d.test_arch != d.arch else "")
-        heads = "; ".join(f"`{h}`" for h in d.heads) + (f": {d.heads_text}" if d.heads_text else "")
+        heads = "; ".join(f"`{h}`" for h in d.heads)
+        heads = f"{heads}: {d.heads_text}" if heads and d.heads_text else heads or d.heads_text
         rows.append(
             f"| {d.title} | {_short_paper(d)} | `{d.task}` | {archs} | {heads or 'none'} | {_code(d.terms)} | "
             f"{_page(d, d.title, where)} |"
