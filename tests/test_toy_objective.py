@@ -150,15 +150,12 @@ def test_gpucheck_lists_it_and_runs_it_when_named(tmp_path, capsys):
     assert "unknown nonesuch;" in err and "toy" in err.split("choose from")[1]
 
 
-def test_a_description_without_its_user_dir_is_left_to_its_own_process():
+def test_a_description_without_its_user_dir_is_left_to_its_own_process(monkeypatch):
     """Registered in this process but not loadable by fairseq-train: the workflows leave it out."""
     from seed_fairseq.compare.objectives import _Registered
+    from seed_fairseq.gpucheck.profile import dry_run_profile, setups
 
     lost = dataclasses.replace(toy_objective.TOY, user_dir="")
-    table = _Registered()  # a fresh table: read on first use
-    original = toy_objective.ToyPretrainTask.objectives
-    toy_objective.ToyPretrainTask.objectives = (lost,)
-    try:
-        assert "toy" not in table
-    finally:
-        toy_objective.ToyPretrainTask.objectives = original
+    monkeypatch.setattr(toy_objective.ToyPretrainTask, "objectives", (lost,))
+    assert "toy" not in _Registered()  # a fresh table: read on first use
+    assert "toy" not in [s.name for s in setups(dry_run_profile(), "generator.pt")]
