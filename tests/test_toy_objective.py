@@ -115,8 +115,13 @@ def test_the_comparison_plans_it(tmp_path):
     args = comparison.train_args("toy", 1)
     assert args[:2] == ["--user-dir", toy_objective.TOY.user_dir]
     _parses_as_toy([a for a in args if a not in ("--cpu", "--flush-denormal")])
-    # the report's prose reads its description
+    # the report's prose reads the descriptions: masking, fewer texts per update, the generator
     assert "`mlm` 15%, `toy` 15% (a toy's)" in differences(comparison.plan)[0]
+    argv = ["--objectives", "cpdae,toy,simlm,mlm", "--out", str(tmp_path / "out2"), "--updates", "4", "--warmup", "0"]
+    lines = differences(cli.build_plan(cli.parser().parse_args(argv), argv, "test"))
+    assert "(`cpdae`/`mlm` 15%, `toy` 15% (a toy's), `simlm` 30% (50% for the decoder) replaced by" in lines[0]
+    assert lines[1].startswith("* CPDAE encodes two masked views of every text, so it gets half the texts per update")
+    assert lines[2].startswith("* The frozen generator of SimLM is trained first") and len(lines) == 3
 
 
 def test_adapt_plans_it(tmp_path):
@@ -159,3 +164,20 @@ def test_a_description_without_its_user_dir_is_left_to_its_own_process(monkeypat
     monkeypatch.setattr(toy_objective.ToyPretrainTask, "objectives", (lost,))
     assert "toy" not in _Registered()  # a fresh table: read on first use
     assert "toy" not in [s.name for s in setups(dry_run_profile(), "generator.pt")]
+
+
+def test_the_benchmarks_measure_every_objective_of_the_plugin():
+    """benchmarks/step_time.py and data_pipeline.py read the registry: every objective of the plugin is a
+    setup (fairseq-train there loads the plugin alone, so not another --user-dir's), its generator flagged."""
+    import sys
+
+    sys.path.insert(0, str(toy_objective.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import data_pipeline
+    import step_time
+
+    plugin = [o for o in OBJECTIVES.values() if not o.user_dir]
+    for known in (step_time.setups(), data_pipeline.setups()):
+        assert "toy" not in known and known["masked_lm"][0] == "masked_lm"
+        by_task = {(t, a): gen for t, _, a, _, gen in known.values()}
+        assert all(by_task[(o.task, o.arch)] == o.needs_generator for o in plugin)
+    assert step_time.setups()["seed_plain"][3][-2:] == ("--vocab-loss", "plain")
