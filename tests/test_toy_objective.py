@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import toy_objective
-from helpers import DEMO_CORPUS
+from helpers import DEMO_CORPUS, REPO
 from objectives import Objective
 from test_contract import (
     POOLINGS,
@@ -166,12 +166,10 @@ def test_a_description_without_its_user_dir_is_left_to_its_own_process(monkeypat
     assert "toy" not in [s.name for s in setups(dry_run_profile(), "generator.pt")]
 
 
-def test_the_benchmarks_measure_every_objective_of_the_plugin():
+def test_the_benchmarks_measure_every_objective_of_the_plugin(monkeypatch):
     """benchmarks/step_time.py and data_pipeline.py read the registry: every objective of the plugin is a
     setup (fairseq-train there loads the plugin alone, so not another --user-dir's), its generator flagged."""
-    import sys
-
-    sys.path.insert(0, str(toy_objective.Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # the benchmarks import each other by name
     import data_pipeline
     import step_time
 
