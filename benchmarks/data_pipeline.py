@@ -52,7 +52,7 @@ def setups():
 
     out = {REFERENCE[0]: REFERENCE[1:]}
     for d in registered_objectives():
-        if d.arch:
+        if d.arch and not d.user_dir:  # the plugin's own (another --user-dir's is not loaded here)
             out[d.name] = (d.task, d.criterion, d.arch, tuple(d.args), d.needs_generator)
     return out
 

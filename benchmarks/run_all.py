@@ -119,8 +119,6 @@ def step_rows(result, cmd, size):
                     cmd,
                 )
             )
-    if result.get("unlisted"):
-        rows.append(("objectives not measured", ", ".join(result["unlisted"]), "add them to SETUPS", cmd))
     return rows
 
 

@@ -3,23 +3,22 @@
     python benchmarks/step_time.py [--arch-size {tiny,base}] [--steps 3] [--warmup 1] [--rounds 1]
                                    [--batch-size 8] [--tokens-per-sample T] [--threads 2] [--json OUT]
 
-Setups (``SETUPS`` below; an objective added to the plugin adds one entry):
+Setups (``setups()`` below; ``--help`` lists them):
 
 * ``masked_lm``: fairseq's own task/criterion ``masked_lm``, model ``roberta_base`` -- the reference;
-* ``mlm_only``: the plugin's MLM-only baseline (``seed_encoder_mlm_only``), same data pipeline as SEED;
-* ``seed``: SEED-Encoder (MLM + weak decoder), the default ``--vocab-loss chunked``;
-* ``seed_plain``: the same with ``--vocab-loss plain`` (full logits), the reference of the fused loss;
-* ``full``: SEED's full-causal-attention decoder ablation (``--decoder-attention-window full``);
-* ``retromae`` / ``dupmae``: the 1-layer enhanced decoder (+ DupMAE's bag of words);
-* ``simlm``: replaced LM with a frozen generator (ELECTRA-base's generator shape at base size:
-  12 x 256, FFN 1024, 4 heads; 1 x 64 at tiny size; a 1-update ``seed_encoder_mlm_only``
-  checkpoint made here: its weights do not change the cost) and the 2-layer decoder;
-* ``cpdae``: two masked views per text through the encoder, the bag-of-words MLP and the contrast;
-  ``cpdae_one_batch``: the same with ``--cpdae-views-in-one-batch`` (both views as one batch, no
-  recomputation: the path before the recomputed first view).
+* every objective of the plugin's registry (``seed_fairseq.tasks.registry``), by its name, with its
+  description's full-size architecture and settings (``seed_fairseq/objectives.py``): an objective
+  added to the plugin is measured without an edit here.  An objective that needs a frozen generator
+  (SimLM) gets one in ELECTRA-base's generator shape at base size (12 x 256, FFN 1024, 4 heads;
+  1 x 64 at tiny size; a 1-update ``seed_encoder_mlm_only`` checkpoint made here: its weights do not
+  change the cost);
+* the benchmark's own variants of them (``VARIANTS``): ``seed_plain``, SEED with ``--vocab-loss plain``
+  (full logits, the reference of the fused loss); ``cpdae_one_batch``, CPDAE with
+  ``--cpdae-views-in-one-batch`` (both views as one batch, no recomputation: the path before the
+  recomputed first view).
 
-Every setup runs at its paper's masking (``masked_lm``/SEED/CPDAE 15%, RetroMAE/DupMAE/SimLM 30%;
-SimLM and the enhanced decoder predict every position, which their FLOPs show).
+Every setup runs at its paper's masking (its task's defaults; a decoder that predicts every
+position shows in its FLOPs).
 
 All with the same encoder shape (tiny: 2 layers x 128, FFN 256, 4 heads, 128 tokens; base:
 12 x 768, FFN 3072, 12 heads, 512 tokens), the same optimizer (adam, fixed lr), default
@@ -80,18 +79,11 @@ SHAPES = {  # layers, embed dim, FFN dim, heads, tokens per sample
     "tiny": (2, 128, 256, 4, 128),
     "base": (12, 768, 3072, 12, 512),
 }
-# name -> (task, criterion, arch, extra arguments). masked_lm first: the reference.
-SETUPS = {
-    "masked_lm": ("masked_lm", "masked_lm", "roberta_base", []),
-    "mlm_only": ("seed_pretrain", "seed_pretrain", "seed_encoder_mlm_only", []),
-    "seed": ("seed_pretrain", "seed_pretrain", "seed_encoder", []),
-    "seed_plain": ("seed_pretrain", "seed_pretrain", "seed_encoder", ["--vocab-loss", "plain"]),
-    "full": ("seed_pretrain", "seed_pretrain", "seed_encoder", ["--decoder-attention-window", "full"]),
-    "retromae": ("retromae_pretrain", "retromae_pretrain", "retromae_base", []),
-    "dupmae": ("dupmae_pretrain", "dupmae_pretrain", "dupmae_base", []),
-    "simlm": ("simlm_pretrain", "simlm_pretrain", "simlm_base", ["--generator-path", "{generator}"]),
-    "cpdae": ("cpdae_pretrain", "cpdae_pretrain", "cpdae_base", []),
-    "cpdae_one_batch": ("cpdae_pretrain", "cpdae_pretrain", "cpdae_base", ["--cpdae-views-in-one-batch"]),
+REFERENCE_SETUP = ("masked_lm", "masked_lm", "roberta_base", (), False)
+# the benchmark's own variants: name -> (the objective it varies, its further options)
+VARIANTS = {
+    "seed_plain": ("seed", ("--vocab-loss", "plain")),
+    "cpdae_one_batch": ("cpdae", ("--cpdae-views-in-one-batch",)),
 }
 # SimLM's generator per shape: layers, embed dim, FFN dim, heads
 GENERATOR_SHAPES = {"tiny": (1, 64, 128, 2), "base": (12, 256, 1024, 4)}
@@ -113,9 +105,27 @@ def build_data(corpus, out, spm_vocab, dict_size):
     return out
 
 
+def setups():
+    """name -> (task, criterion, arch, its options, needs a generator): masked_lm first (the reference),
+    then every objective of the plugin's registry (its description's full-size arch and settings),
+    then ``VARIANTS``."""
+    import seed_fairseq  # noqa: F401  (registers the plugin)
+    from seed_fairseq.tasks.registry import registered_objectives
+
+    out = {REFERENCE: REFERENCE_SETUP}
+    for d in registered_objectives():
+        if d.arch and not d.user_dir:  # fairseq-train runs them with --user-dir seed_fairseq
+            out[d.name] = (d.task, d.criterion, d.arch, tuple(d.args), d.needs_generator)
+    for name, (base, options) in VARIANTS.items():
+        if base in out:
+            task, criterion, arch, own, gen = out[base]
+            out[name] = (task, criterion, arch, (*own, *options), gen)
+    return out
+
+
 def fairseq_argv(setup, args):
-    task, criterion, arch, extra = SETUPS[setup]
-    extra = [a.format(generator=getattr(args, "generator", "")) for a in extra]
+    task, criterion, arch, extra, needs_generator = setups()[setup]
+    extra = [*extra, *(["--generator-path", args.generator] if needs_generator else [])]
     layers, dim, ffn, heads, _ = SHAPES[args.arch_size]
     return [
         args.data,
@@ -344,19 +354,20 @@ def train_generator(data, out, arch_size, threads, tokens_per_sample):
     return Path(out) / "checkpoint_last.pt"
 
 
-def run(args, setups):
+def run(args, chosen):
     with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
         t = time.perf_counter()
         data = build_data(Path(args.corpus), Path(tmp) / "data-bin", args.spm_vocab, args.dict_size)
         args.data = str(data)
         print(f"binarized {Path(args.corpus).name} in {time.perf_counter() - t:.1f}s", flush=True)
-        if "simlm" in setups:
+        known = setups()
+        if any(known[name][4] for name in chosen):
             args.generator = str(
                 train_generator(data, Path(tmp) / "generator", args.arch_size, args.threads, args.tokens_per_sample)
             )
         results = {}
         for r in range(args.rounds):
-            for setup in setups if r % 2 == 0 else setups[::-1]:
+            for setup in chosen if r % 2 == 0 else chosen[::-1]:
                 t = time.perf_counter()
                 res = run_worker(setup, args, data, tmp)
                 print(f"  round {r + 1}/{args.rounds} {setup}: {time.perf_counter() - t:.0f}s", flush=True)
@@ -439,12 +450,13 @@ def parse_args(argv=None):
     p.add_argument("--dict-size", type=int, default=32768, help="dictionary entries (default 32768)")
     p.add_argument("--spm-vocab", type=int, default=1000, help="sentencepiece pieces learned (default 1000)")
     p.add_argument("--corpus", default=str(DEMO_CORPUS), help="plain-text corpus (default: the demo corpus)")
-    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of {','.join(SETUPS)}")
+    known = setups()
+    p.add_argument("--setups", default=",".join(known), help=f"comma-separated subset of {','.join(known)}")
     p.add_argument("--json", help="write the results here")
     p.add_argument(
         "--keep-denormals", action="store_true", help="do not flush denormal floats to zero (see the docstring)"
     )
-    p.add_argument("--worker", choices=sorted(SETUPS), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=sorted(known), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--generator", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -452,41 +464,23 @@ def parse_args(argv=None):
         args.tokens_per_sample = SHAPES[args.arch_size][4]
     if args.steps < 1 or args.warmup < 1 or args.batch_size < 1 or args.threads < 1 or args.rounds < 1:
         p.error("--steps, --warmup, --rounds, --batch-size and --threads must be >= 1")
-    setups = args.setups.split(",")
-    unknown = [s for s in setups if s not in SETUPS]
-    if unknown or REFERENCE not in setups:
+    chosen = args.setups.split(",")
+    unknown = [s for s in chosen if s not in known]
+    if unknown or REFERENCE not in chosen:
         p.error(f"--setups: unknown {unknown}" if unknown else f"--setups must include {REFERENCE}")
-    return args, setups
-
-
-def unlisted_objectives():
-    """Pre-training tasks the plugin registers that no setup above measures."""
-    from fairseq.tasks import TASK_REGISTRY
-
-    import seed_fairseq  # noqa: F401
-    from seed_fairseq.tasks.bottleneck_pretrain import BottleneckPretrainTask
-
-    listed = {task for task, _, _, _ in SETUPS.values()}
-    return sorted(
-        name
-        for name, cls in TASK_REGISTRY.items()
-        if isinstance(cls, type) and issubclass(cls, BottleneckPretrainTask) and name not in listed
-    )
+    return args, chosen
 
 
 def main(argv=None):
-    args, setups = parse_args(argv)
+    args, chosen = parse_args(argv)
     if args.worker:
         return worker(args.worker, args)
-    missing = unlisted_objectives()
-    if missing:
-        print(f"note: not measured (add them to SETUPS in {Path(__file__).name}): {', '.join(missing)}")
-    results = run(args, setups)
+    results = run(args, chosen)
     summary = summarize(results)
     print_table(summary, results, args)
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"args": vars(args), "results": results, "summary": summary, "unlisted": missing}, indent=1)
+            json.dumps({"args": vars(args), "results": results, "summary": summary}, indent=1)
         )
 
 

@@ -5,7 +5,7 @@
     bash examples/data/get_debian_corpus.sh                                        # once, for the standard preset
     python examples/compare_objectives.py --preset standard --out runs/standard   # <= 3 h on 2 cores
 
-Options: --objectives seed,full,mlm,retromae,dupmae,simlm,cpdae (default all),
+Options: --objectives A,B (default: every objective of the plugin; --help lists them),
 --seeds N, --init scratch|HF_DIR, --corpus FILE, --retrieval-data DIR, and every
 size of the presets (--help).  The library is ``seed_fairseq.compare``; the
 stages, outputs and resume rules are described in ``seed_fairseq/compare/pipeline.py``.

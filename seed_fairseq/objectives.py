@@ -5,7 +5,9 @@ Each task class of an objective carries a tuple of :class:`ObjectiveDescription`
 serves SEED-Encoder, its full-attention ablation and the MLM-only baseline).  The
 exported model card, the comparison and the contract tests read them through
 ``seed_fairseq.tasks.registry`` instead of keeping tables of their own, so adding an
-objective adds no entry anywhere else.
+objective adds no entry anywhere else: the benchmarks' setups, the comparison's report
+prose, the workflows' help texts and the objectives' tables
+(``scripts/objective_tables.py``) are written from these fields too.
 
 This module is below everything (it imports nothing of the project nor fairseq):
 a tool may hold descriptions without importing fairseq; listing the registered
@@ -35,6 +37,9 @@ class ObjectiveDescription:
     tag: str = "bottleneck-pretraining"  # the card's first tag
     paper: str = ""  # citation: authors, title, venue
     paper_url: str = ""
+    doc: str = ""  # its page, from the repository's root: "docs/objectives/<name>.md" (the tables link it)
+    # the pre-training heads in a phrase, for the objectives' table ("3 causal layers, attention window k=2")
+    heads_text: str = ""
 
     # -- how it is trained at full size: the comparison -----------------------------------
     label: str = ""  # the comparison's row label
@@ -45,7 +50,14 @@ class ObjectiveDescription:
     # retrieval representations evaluated (retrieval/representations.py): the model's own vector
     representations: Tuple[str, ...] = ("own",)
     needs_generator: bool = False  # --generator-path (a frozen masked LM) is required
-    notes: str = ""
+    notes: str = ""  # what differs from the others, in a phrase (the comparison's table)
+    # the encoder's masking at its paper's settings, in a phrase (the comparison's report: "30% whole words")
+    masking: str = "15%"
+    # why texts_per_update_factor is not 1, completing "<label> ..., so it gets <share> the texts per update"
+    texts_per_update_reason: str = ""
+    # the --user-dir fairseq-train loads for it (a folder whose import registers it, after seed_fairseq);
+    # empty: the plugin's own.  The workflows put it after their own --user-dir (the last one counts)
+    user_dir: str = ""
     order: int = 100  # position in tables (the comparison's order), then the name
 
     # -- what the contract tests check (tests/objectives.py) ------------------------------
@@ -61,6 +73,10 @@ class ObjectiveDescription:
     @property
     def comparison_name(self) -> str:
         return self.compare_name or self.name
+
+    def user_dir_args(self) -> Tuple[str, ...]:
+        """``("--user-dir", user_dir)`` for an objective registered outside the plugin, else ()."""
+        return ("--user-dir", self.user_dir) if self.user_dir else ()
 
 
 def variant_for(descriptions: Tuple[ObjectiveDescription, ...], model_cfg: dict) -> Optional[ObjectiveDescription]:

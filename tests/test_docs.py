@@ -187,3 +187,23 @@ def test_the_checker_finds_broken_links(tmp_path):
         "../outside.md",
         "docs/nothing.md",
     ]
+
+
+
+def test_every_objective_is_a_row_of_every_table():
+    """The objectives' tables (``scripts/objective_tables.py``; the docs point to it) are written from the
+    descriptions: one row per objective, a new description is a new row, its page linked."""
+    import dataclasses
+
+    from seed_fairseq.tasks.tables import TABLES, plugin_objectives, render
+
+    described = plugin_objectives()
+    new = dataclasses.replace(
+        described[0], name="novel", compare_name="", title="Novel", label="Novel objective", doc="docs/x.md"
+    )
+    for name in TABLES:
+        before = render(name).splitlines()
+        assert len(before) == 2 + len(described), name  # header, rule, one row each
+        assert all(f"`{d.task}`" in row for d, row in zip(described, before[2:])), name
+        after = render(name, [*described, new]).splitlines()
+        assert after[:-1] == before and "Novel" in after[-1] and "(docs/x.md)" in after[-1], name

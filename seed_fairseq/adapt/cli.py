@@ -30,7 +30,7 @@ from ..compare.cli import FINETUNE_FLAGS, FINETUNE_TYPES, quiet_libraries, read_
 from ..compare.heldout import blocks_needed, plan_valid_docs
 from ..compare.interrupt import Interrupted, handle_interrupts
 from ..compare.layout import write_retrieval_set
-from ..compare.objectives import OBJECTIVES, PretrainSettings, check_fairseq_args, parse_objectives
+from ..compare.objectives import OBJECTIVES, ORDER, PretrainSettings, check_fairseq_args, parse_objectives
 from ..fileio import OutputError, check_apart, check_out_path
 from ..hf.folder import HFFolderError
 from ..retrieval.cli import nonneg_int, positive_float, positive_int, report, seed_int
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help="a local HuggingFace BERT, RoBERTa or XLM-R folder")
     p.add_argument("--corpus", required=True, help="the domain's text: a paragraph a line, documents apart")
-    p.add_argument("--objective", required=True, help="seed, full, mlm, retromae, dupmae, simlm or cpdae")
+    p.add_argument("--objective", required=True, help=f"one of {', '.join(ORDER)} (the comparison's names)")
     p.add_argument("--out", required=True, help="missing, empty, or an earlier output of this tool")
     g = p.add_argument_group("evaluation")
     g.add_argument(

@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from preprocess.stages import WHOLE_PLAN, Runner, Stage
 
 from ..compare.layout import FAIRSEQ_TRAIN_FILES, OWN_RECORD, check_stage_folders
-from ..compare.objectives import OBJECTIVES, check_fairseq_args, parse_objectives
+from ..compare.objectives import OBJECTIVES, ORDER, check_fairseq_args, parse_objectives
 from . import plan as defaults
 from .pipeline import EVALUATION, FINETUNING, Adaptation, _timed
 from .plan import REPORT_FILES, RUN_FILES, STATE, AdaptPlan, claim_out, lock_out, log
@@ -210,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     for action in p._actions:  # --objective becomes --objectives; the selection options do not apply
         if action.dest == "objective":
             action.option_strings, action.dest, action.required = ["--objectives"], "objectives", False
-            action.default, action.help = "all", "objectives, comma-separated, or all (default)"
+            action.default, action.help = "all", f"objectives, comma-separated, or all (default: {','.join(ORDER)})"
     p._option_string_actions["--objectives"] = p._option_string_actions.pop("--objective")
     g = p.add_argument_group("the study")
     g.add_argument("--arms", default=",".join(DEFAULT_ARMS),
@@ -230,7 +230,7 @@ def _names(value: str, allowed: Sequence[str], flag: str) -> List[str]:
 def build(args: argparse.Namespace, argv: List[str], prog: str) -> Tuple[AdaptPlan, List[str], List[str], List[int]]:
     from .cli import build_plan
 
-    objectives = list(OBJECTIVES) if args.objectives == "all" else parse_objectives(args.objectives)
+    objectives = list(ORDER) if args.objectives == "all" else parse_objectives(args.objectives)
     arms = _names(args.arms, list(ARMS), "--arms")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

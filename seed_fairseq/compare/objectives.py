@@ -7,13 +7,20 @@ and the objective's own settings (its paper's masking rates, loss weights) diffe
 The architectures are the ``*_base`` ones: with the encoder sizes given
 explicitly, their decoders follow the encoder's width, as in the papers.
 
-CPDAE encodes two masked views of every text, so it gets half the texts per
-update (``texts_per_update_factor``): the encoder then sees the same number of
-tokens per update as every other objective.
+An objective that encodes several views of every text (CPDAE: two) gets that
+share of the texts per update (``texts_per_update_factor``): the encoder then sees
+the same number of tokens per update as every other objective.
+
+``OBJECTIVES`` holds every registered objective with a full-size architecture that
+fairseq-train can load (the plugin's own, or one whose description names its
+``user_dir``); ``ORDER``, the default set, is the plugin's own: an objective of
+another ``--user-dir`` runs when named.
 """
 
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from ..objectives import ObjectiveDescription
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,10 @@ class ObjectiveSpec:
     representations: Tuple[str, ...] = ("own",)
     needs_generator: bool = False
     notes: str = ""
+    # the --user-dir of an objective registered outside the plugin (objective_args adds it)
+    user_dir: str = ""
+    # what the report and the help texts say of it (seed_fairseq/objectives.py)
+    description: Optional[ObjectiveDescription] = None
 
 
 class _Registered(Mapping):
@@ -58,10 +69,12 @@ class _Registered(Mapping):
                     d.representations,
                     d.needs_generator,
                     d.notes,
+                    d.user_dir,
+                    d,
                 )
                 for d in registered_objectives()
-                # the plugin's own (fairseq-train runs them with --user-dir seed_fairseq), not a test's
-                if d.arch and _registered_module(d.task).startswith("seed_fairseq.")
+                # fairseq-train loads the plugin's own with --user-dir seed_fairseq, another's with its user_dir
+                if d.arch and (d.user_dir or _registered_module(d.task).startswith("seed_fairseq."))
             }
         return self._specs
 
@@ -76,13 +89,17 @@ class _Registered(Mapping):
 
 
 class _Order(Sequence):
-    """``tuple(OBJECTIVES)``, read on first use like it."""
+    """The default objectives: the plugin's own of ``OBJECTIVES`` (not another ``--user-dir``'s), in
+    table order, read on first use like it."""
+
+    def _names(self) -> Tuple[str, ...]:
+        return tuple(name for name, spec in OBJECTIVES.items() if not spec.user_dir)
 
     def __getitem__(self, i):
-        return tuple(OBJECTIVES)[i]
+        return self._names()[i]
 
     def __len__(self) -> int:
-        return len(OBJECTIVES)
+        return len(self._names())
 
 
 def _registered_module(task: str) -> str:
@@ -127,7 +144,7 @@ def parse_objectives(text: str) -> List[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in OBJECTIVES]
     if unknown:
-        raise ValueError(f"--objectives: unknown {', '.join(unknown)}; choose from {','.join(ORDER)}")
+        raise ValueError(f"--objectives: unknown {', '.join(unknown)}; choose from {','.join(OBJECTIVES)}")
     if not names:
         raise ValueError(f"--objectives: none given; choose from {','.join(ORDER)}")
     if len(set(names)) != len(names):
@@ -277,6 +294,7 @@ def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generato
         else ["--disable-validation"]
     )
     return [
+        *(["--user-dir", spec.user_dir] if spec.user_dir else []),
         "--task",
         spec.task,
         "--criterion",

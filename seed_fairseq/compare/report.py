@@ -185,6 +185,50 @@ def write_plots(comp, data: Dict[str, Any]) -> List[str]:
     return list(plots.PLOTS)
 
 
+def masking_phrase(objectives) -> str:
+    """Each objective's masking, objectives alike grouped: "`seed`/`mlm` 15%, `retromae` 30% whole words"
+    (``masking`` of their descriptions)."""
+    groups: Dict[str, List[str]] = {}
+    for o in objectives:
+        d = OBJECTIVES[o].description
+        groups.setdefault(d.masking if d else "its task's default", []).append(f"`{o}`")
+    return ", ".join(f"{'/'.join(names)} {masking}" for masking, names in groups.items())
+
+
+def differences(p) -> List[str]:
+    """The report's bullets on what differs between the objectives of plan ``p`` by design, from their
+    descriptions: the masking, the texts per update, the generator."""
+    s = p.pretrain
+    texts = s.batch_size * s.update_freq
+    out = [
+        "* Not identical, by design: the pre-training heads and losses, and each objective's own masking "
+        f"({masking_phrase(p.objectives)})."
+    ]
+    for o in p.objectives:
+        spec = OBJECTIVES[o]
+        if spec.texts_per_update_factor != 1:
+            share = _share(spec.texts_per_update_factor)
+            reason = spec.description.texts_per_update_reason if spec.description else ""
+            out.append(
+                f"* {spec.label} {reason or 'is trained on fewer texts per update'}, so it gets {share} the texts "
+                f"per update ({s.batch_for(spec) * s.update_freq} instead of {texts}): the encoder sees the same "
+                f"number of tokens per update, but {spec.label} sees {share} as many different texts."
+            )
+    with_generator = [OBJECTIVES[o].label for o in p.objectives if OBJECTIVES[o].needs_generator]
+    if with_generator:
+        who = " and ".join(with_generator)
+        out.append(
+            f"* The frozen generator of {who} is trained first, once (seed 1, shared by every seed): "
+            f"`seed_encoder_mlm_only` with `{' '.join(p.generator_args)}`, {p.generator_updates} updates on the "
+            f"same data; its cost is reported separately below, not in {who}'s."
+        )
+    return out
+
+
+def _share(factor: float) -> str:
+    return {0.5: "half", 0.25: "a quarter of"}.get(factor, f"{factor:g} x")
+
+
 def markdown(comp, data: Dict[str, Any]) -> str:
     p = comp.plan
     s = p.pretrain
@@ -213,22 +257,7 @@ def markdown(comp, data: Dict[str, Any]) -> str:
         f"lr {s.lr} with {s.warmup} warm-up updates and linear decay, clip 1.0, dropout 0.1, the seeds, and the "
         "same fine-tuning and evaluation."
     )
-    add(
-        "* Not identical, by design: the pre-training heads and losses, and each objective's own masking "
-        "(SEED/MLM/CPDAE 15%, RetroMAE/DupMAE 30% whole words, SimLM 30%/50% replaced by its generator)."
-    )
-    if "cpdae" in p.objectives:
-        add(
-            f"* CPDAE encodes two masked views of every text, so it gets half the texts per update "
-            f"({s.batch_for(OBJECTIVES['cpdae']) * s.update_freq} instead of {texts}): the encoder sees the same "
-            "number of tokens per update, but CPDAE sees half as many different texts."
-        )
-    if "simlm" in p.objectives:
-        add(
-            f"* SimLM's frozen generator is trained first, once (seed 1, shared by every SimLM seed): "
-            f"`seed_encoder_mlm_only` with `{' '.join(p.generator_args)}`, {p.generator_updates} updates on the "
-            "same data; its cost is reported separately below, not in SimLM's."
-        )
+    lines += differences(p)
     add(
         "* FLOPs per update are counted with `torch.utils.flop_counter.FlopCounterMode` on the forward and "
         f"backward of {BATCHES} real training batches (matrix products and attention, 2 FLOPs per multiply-add; not "
@@ -308,7 +337,7 @@ def markdown(comp, data: Dict[str, Any]) -> str:
             f"{_flops(fl.get('total'))} | {_flops(enc)} | " + " | ".join(cells) + " |")  # fmt: skip
     g = data["generator"]
     if g["flops"]:
-        add(f"| SimLM's generator (separate) | {texts} | {g['seconds']:.0f} | {_flops(g['flops']['total'])} | "
+        add(f"| the frozen generator (separate) | {texts} | {g['seconds']:.0f} | {_flops(g['flops']['total'])} | "
             f"{_flops(g['flops']['encoder_per_update'] * p.generator_updates)} |" + " - |" * len(shown))  # fmt: skip
     add(
         "\nDiagnostics (`seed_fairseq/diagnostics.py`): `<term>_cls_bits_seq` = bits per sequence the bottleneck "

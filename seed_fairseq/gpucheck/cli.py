@@ -551,7 +551,7 @@ class GpuCheck:
         generator = self.work / "generator.pt"
         all_setups = setups(self.p, str(generator))
         self.setup_args = {s.name: list(s.args) for s in all_setups}
-        chosen = [s for s in all_setups if not self.only or s.name in self.only or s.name == BASELINE]
+        chosen = [s for s in all_setups if (s.name in self.only if self.only else s.default) or s.name == BASELINE]
         # precision by precision: the first (fp16 on CUDA, the papers') for every objective before the next,
         # so that a short budget leaves out the second precision's runs, not the papers' one
         runs = [(s, precision) for precision in self.p.precisions for s in chosen]

@@ -211,30 +211,30 @@ class Setup:
 
     name: str
     args: Tuple[str, ...]
+    # run without --objectives: the plugin's own and the baseline (another --user-dir's runs when named)
+    default: bool = True
 
 
 BASELINE = "masked_lm"  # fairseq's own masked LM: the denominator of every ratio
 
 
 def setups(profile: Profile, generator: str) -> List[Setup]:
-    """Every objective of the plugin's registry (``tasks/registry.py``), then fairseq's ``masked_lm`` at
-    the same shape; ``generator``: SimLM's frozen generator checkpoint."""
+    """Every objective of the registry (``tasks/registry.py``) that fairseq-train can load (the plugin's
+    own, or one whose description names its ``user_dir``), then fairseq's ``masked_lm`` at the same
+    shape; ``generator``: the frozen generator checkpoint of the objectives that need one."""
     from fairseq.tasks import TASK_REGISTRY
 
     from ..tasks.registry import registered_objectives
 
     out = []
     for d in registered_objectives():
-        if not TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq."):
-            continue  # an objective registered by someone else's --user-dir
+        own_plugin = TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq.")
+        if not (own_plugin or d.user_dir):
+            continue  # registered by a --user-dir this process imported but fairseq-train would not
         arch, own = (d.test_arch, d.test_args) if profile.tiny else (d.arch, d.args)
         gen = ("--generator-path", generator) if d.needs_generator else ()
-        out.append(
-            Setup(
-                d.name,
-                ("--task", d.task, "--criterion", d.criterion, "--arch", arch, *profile.encoder_args(), *own, *gen),
-            )
-        )
+        task = ("--task", d.task, "--criterion", d.criterion, "--arch", arch)
+        out.append(Setup(d.name, (*d.user_dir_args(), *task, *profile.encoder_args(), *own, *gen), own_plugin))
     out.append(
         Setup(
             BASELINE,

@@ -50,9 +50,12 @@ CPDAE = ObjectiveDescription(
     tag="cpdae",
     paper="Xu et al., 'Contrastive Pre-training of a Discriminative Autoencoder for Dense Retrieval', CIKM 2022",
     paper_url="https://doi.org/10.1145/3511808.3557527",
+    doc="docs/objectives/cpdae.md",
+    heads_text="MLP from [CLS] to word occurrence; two views contrasted",
     label="CPDAE",
     arch="cpdae_base",
     texts_per_update_factor=0.5,
+    texts_per_update_reason="encodes two masked views of every text",
     notes="MLM on two views + bag-of-words MLP decoder + JS contrast (lambda 0.1); half the texts "
     "per update (two views each)",
     order=40,

@@ -36,6 +36,8 @@ SEED = ObjectiveDescription(
     paper="Lu et al., 'Less is More: Pre-train a Strong Text Encoder for Dense Retrieval Using a Weak "
     "Decoder', EMNLP 2021",
     paper_url="https://arxiv.org/abs/2102.09206",
+    doc="docs/objectives/seed_encoder.md",
+    heads_text="3 causal layers, attention window k=2",
     label="SEED-Encoder (weak decoder, k=2)",
     arch="seed_encoder_base",
     notes="MLM 15% + 3-layer decoder with attention window 2 over the unmasked text; 0.5/0.5 weights",
@@ -53,6 +55,7 @@ SEED_FULL = dataclasses.replace(
         bool(model_cfg.get("decoder_layers")) and str(model_cfg.get("decoder_attention_window")) == FULL
     ),
     title="SEED-Encoder (full-attention decoder ablation)",
+    heads_text="the same decoder with full causal attention",
     label="SEED, full-attention decoder",
     compare_name="full",
     args=("--decoder-attention-window", FULL),
@@ -68,6 +71,7 @@ MLM_ONLY = dataclasses.replace(
     card_text="masked language modelling only (the baseline of SEED-Encoder's comparison)",
     paper="",
     paper_url="",
+    heads_text="",
     label="MLM only",
     compare_name="mlm",
     arch="seed_encoder_mlm_only",
