@@ -427,7 +427,7 @@ def check_micro_batch_normalisation(obj, contract_data, fixtures=None):
     by the count of the whole update, whether its per-unit loss is in-batch or not."""
     from fairseq.trainer import Trainer
 
-    from seed_fairseq.data.update_counts import UPDATE_COUNTS
+    from seed_fairseq.pretrain.data.update_counts import UPDATE_COUNTS
 
     task, model, criterion, cfg = build_with_cfg(
         obj, contract_data, *SGD_ONE_STEP, "--batch-size", "4", "--update-freq", "2", fixtures=fixtures

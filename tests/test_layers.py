@@ -22,34 +22,34 @@ PACKAGES = ("seed_fairseq", "preprocess")
 LAYERS: List[List[str]] = [
     # nothing of the plugin, nothing of fairseq at import time
     [
-        "seed_fairseq.errors",
-        "seed_fairseq.fileio",
-        "seed_fairseq.vocabulary",
-        "seed_fairseq.retrieval_data",
-        "seed_fairseq.objectives",
-        "seed_fairseq.extensions",
-        "seed_fairseq._registration",
+        "seed_fairseq.base.errors",
+        "seed_fairseq.base.fileio",
+        "seed_fairseq.base.vocabulary",
+        "seed_fairseq.base.retrieval_data",
+        "seed_fairseq.base.objectives",
+        "seed_fairseq.base.extensions",
+        "seed_fairseq.base._registration",
     ],
-    ["seed_fairseq.checkpoint", "seed_fairseq.savedir"],
+    ["seed_fairseq.pretrain.checkpoint", "seed_fairseq.pretrain.savedir"],
     # the fairseq side, bottom up
-    ["seed_fairseq.fairseq_patches", "seed_fairseq.compat"],
+    ["seed_fairseq.pretrain.fairseq_patches", "seed_fairseq.compat"],
     [
-        "seed_fairseq.data",
-        "seed_fairseq.modules",
-        "seed_fairseq.diagnostics",
-        "seed_fairseq.retrieval_dev",
-        "seed_fairseq.dupmae.pooling",
+        "seed_fairseq.pretrain.data",
+        "seed_fairseq.pretrain.modules",
+        "seed_fairseq.pretrain.diagnostics",
+        "seed_fairseq.pretrain.retrieval_dev",
+        "seed_fairseq.pretrain.modules.vocab_pool",
     ],
-    ["seed_fairseq.generator"],
-    ["seed_fairseq.models"],
-    ["seed_fairseq.tasks"],
-    ["seed_fairseq.criterions"],
+    ["seed_fairseq.pretrain.generator"],
+    ["seed_fairseq.pretrain.models"],
+    ["seed_fairseq.pretrain.tasks"],
+    ["seed_fairseq.pretrain.criterions"],
     ["seed_fairseq", "seed_fairseq.plugin"],
-    ["seed_fairseq.drop_heads", "seed_fairseq.drop_decoder"],
+    ["seed_fairseq.drop_heads", "seed_fairseq.encoders.drop_decoder"],
     # the wings, each on what it needs below
     ["preprocess"],
     ["seed_fairseq.hf"],
-    ["seed_fairseq.retrieval"],
+    ["seed_fairseq.encoders.retrieval"],
     ["seed_fairseq.dupmae"],
     ["seed_fairseq.compare"],
     ["seed_fairseq.adapt"],  # the whole flow: over compare, retrieval and hf
@@ -57,24 +57,24 @@ LAYERS: List[List[str]] = [
 ]
 # Import paths kept for old code: modules that only re-export a moved module.
 ALIASES = {
-    "seed_fairseq.hf.vocab",
-    "seed_fairseq.dictionary",
+    "seed_fairseq.base.vocabulary.tokenizer",
+    "seed_fairseq.base.vocabulary.dictionary",
     "seed_fairseq.compat",
-    "seed_fairseq.hf.dupmae_head",
-    "seed_fairseq.hf.dupmae_export",
-    "seed_fairseq.retrieval.dupmae",
-    "seed_fairseq.modules.vocab_pool",
-    "seed_fairseq.retrieval.data",
+    "seed_fairseq.encoders.dupmae.head",
+    "seed_fairseq.encoders.dupmae.export",
+    "seed_fairseq.encoders.dupmae.retriever",
+    "seed_fairseq.pretrain.modules.vocab_pool",
+    "seed_fairseq.base.retrieval_data",
 }
 # Libraries that must import without fairseq and without any fairseq patch.
 FAIRSEQ_FREE = (
-    "seed_fairseq.fileio",
-    "seed_fairseq.errors",
-    "seed_fairseq.vocabulary",
-    "seed_fairseq.retrieval_data",
-    "seed_fairseq.retrieval",
-    "seed_fairseq.objectives",
-    "seed_fairseq.extensions",
+    "seed_fairseq.base.fileio",
+    "seed_fairseq.base.errors",
+    "seed_fairseq.base.vocabulary",
+    "seed_fairseq.base.retrieval_data",
+    "seed_fairseq.encoders.retrieval",
+    "seed_fairseq.base.objectives",
+    "seed_fairseq.base.extensions",
     "seed_fairseq.compare",
     "seed_fairseq.adapt",
     "seed_fairseq.dupmae",
@@ -186,7 +186,7 @@ def test_no_import_points_upward():
 
 def test_the_checks_catch_a_cycle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert rank("seed_fairseq.fileio") < rank("seed_fairseq.models.bottleneck") < rank("seed_fairseq.compare.cli")
+    assert rank("seed_fairseq.base.fileio") < rank("seed_fairseq.pretrain.models.bottleneck") < rank("seed_fairseq.workflows.compare.cli")
 
 
 def fresh_python(code: str) -> str:
@@ -241,7 +241,7 @@ def test_fairseq_after_the_package_registers_the_plugin():
 
 
 @pytest.mark.parametrize(
-    "first", ["seed_fairseq.models.seed_encoder", "seed_fairseq.modules.windowed_decoder", "seed_fairseq.compat"]
+    "first", ["seed_fairseq.pretrain.models.seed_encoder", "seed_fairseq.pretrain.modules.windowed_decoder", "seed_fairseq.compat"]
 )
 def test_importing_one_plugin_module_first_registers_everything(first):
     """fairseq imported from inside a plugin module's own import: registration

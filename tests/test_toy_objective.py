@@ -17,7 +17,7 @@ from test_contract import (
     run_straight,
 )
 
-from seed_fairseq.tasks.registry import objective_for, registered_objectives
+from seed_fairseq.pretrain.tasks.registry import objective_for, registered_objectives
 
 TOY = Objective.from_description(objective_for("toy_pretrain", {}), preload=toy_objective.__name__)
 
