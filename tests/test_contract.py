@@ -643,7 +643,7 @@ def check_fused_vocabulary_loss(obj, contract_data, fixtures=None):
     f = fixtures
     task, model, fused = build(obj, contract_data, *no_dropout, "--vocab-loss-chunk-size", "7", fixtures=f)
     _, _, plain = build(obj, contract_data, *no_dropout, "--vocab-loss", "plain", fixtures=f)
-    assert fused.head_inputs and not plain.head_inputs
+    assert fused.fused and not plain.fused
     task.load_dataset("valid")
     sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False))
     model.train()

@@ -162,12 +162,15 @@ def test_one_row_per_target_each_with_a_reason():
     assert all(patch.why and patch.fairseq for patch in PATCHES)
 
 
-def test_the_old_import_path_is_the_package():
+def test_the_0_1_module_applies_the_patches():
+    import torch
+    from fairseq import checkpoint_utils
+
     from seed_fairseq import compat
     from seed_fairseq.pretrain import fairseq_patches
 
-    assert compat is fairseq_patches
-    assert compat.one_line_errors is fairseq_patches.user_errors.one_line_errors
+    assert compat.install is fairseq_patches.apply
+    assert checkpoint_utils.torch is not torch  # the first row of PATCHES: fairseq's checkpoint code sees its own
 
 
 def test_the_stoppable_consumer_passes_every_item_then_the_sentinel():

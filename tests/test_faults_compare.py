@@ -30,9 +30,10 @@ from objectives import TINY_ENCODER
 
 from seed_fairseq.base.retrieval_data import split_sentences
 from seed_fairseq.workflows.compare import cli
-from seed_fairseq.workflows.compare.pipeline import Comparison, StageError, claim_out
+from seed_fairseq.workflows.compare.pipeline import Comparison
 from seed_fairseq.workflows.kit.heldout import count_blocks, first_batch_blocks
 from seed_fairseq.workflows.kit.interrupt import GRACE_SECONDS
+from seed_fairseq.workflows.kit.layout import StageError, claim_out
 
 TINY_ENC = " ".join(TINY_ENCODER)
 TINY = [

@@ -21,6 +21,7 @@ from test_retrieval import make_tiny_model
 
 from seed_fairseq.base.fileio import OutputError
 from seed_fairseq.base.retrieval_data import DataFormatError, RetrievalData, load_data
+from seed_fairseq.encoders.retrieval.batching import sample_negatives
 from seed_fairseq.encoders.retrieval.bm25 import BM25
 from seed_fairseq.encoders.retrieval.metrics import (
     aggregate,
@@ -35,7 +36,6 @@ from seed_fairseq.encoders.retrieval.training import (
     NoDuplicateBatches,
     build_examples,
     check_training_data,
-    sample_negatives,
 )
 
 REPO = Path(__file__).resolve().parents[1]

@@ -71,18 +71,6 @@ def test_dupmae_is_registered_through_the_entry_points():
         exporters.get("x")
 
 
-def test_old_import_paths_are_the_moved_modules():
-    import seed_fairseq.encoders.dupmae.export
-    import seed_fairseq.encoders.dupmae.head
-    import seed_fairseq.encoders.dupmae.retriever
-    import seed_fairseq.pretrain.modules.vocab_pool
-
-    assert seed_fairseq.encoders.dupmae.head is seed_fairseq.encoders.dupmae.head
-    assert seed_fairseq.encoders.dupmae.export is seed_fairseq.encoders.dupmae.export
-    assert seed_fairseq.encoders.dupmae.retriever is seed_fairseq.encoders.dupmae.retriever
-    assert seed_fairseq.pretrain.modules.vocab_pool is seed_fairseq.pretrain.modules.vocab_pool
-
-
 def _parse(argv):
     import argparse
 

@@ -1,8 +1,7 @@
 """Retrieval data: BEIR folders and MS MARCO passage TSVs.
 
 Below the fairseq side (no fairseq, no torch), so that the pre-training task can read a
-labelled dev set (``--retrieval-dev``) as the retrieval tools do; ``seed_fairseq.base.retrieval_data``
-is the old import path of this module.
+labelled dev set (``--retrieval-dev``) as the retrieval tools do.
 
 BEIR (https://github.com/beir-cellar/beir) folder::
 

@@ -1,5 +1,5 @@
-"""The 0.1 name of ``seed_fairseq.encoders.drop_heads`` (``seed-drop-decoder``,
-``python -m seed_fairseq.encoders.drop_decoder``)."""
+"""``drop_heads`` under its 0.1 name (0.1's ``seed_fairseq.drop_decoder``; the console script
+``seed-drop-decoder`` runs :func:`seed_fairseq.encoders.drop_heads.main` directly)."""
 
 import sys
 

@@ -19,13 +19,11 @@ The guarantees (docs/guarantees.md):
   :func:`check_out_path`, :func:`check_apart`), the same way by every tool.
 """
 
-# One module of 0.2 split by job; every name keeps its import path ``seed_fairseq.base.fileio.NAME``.
+# the public names of the modules below, importable as ``seed_fairseq.base.fileio.NAME``
 from .atomic import (  # noqa: F401
     HASH_CHUNK,
     OutputError,
     PathLike,
-    _fsync_file,
-    _read_json,
     atomic_path,
     check_output_dir,
     check_parents,
@@ -45,15 +43,6 @@ from .atomic import (  # noqa: F401
 from .ownership import (  # noqa: F401
     STAGING_MARK,
     Owned,
-    _check_room,
-    _exit_on_sigterm,
-    _folder_lock,
-    _install,
-    _install_files,
-    _is_claim_debris,
-    _lock_file,
-    _sigterm_unwinds,
-    _staging_dir,
     claim_name,
     delete_listed,
     listed_path,

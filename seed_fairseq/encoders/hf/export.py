@@ -44,7 +44,7 @@ from ...pretrain.checkpoint import (
 )
 from ...pretrain.checkpoint import representation_options as recorded_options
 from . import representation as representations
-from .card import describe_objective, model_card  # noqa: F401  (their 0.2 import path)
+from .card import model_card
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .representation import ExportError, ExportJob

@@ -70,10 +70,9 @@ from .batching import (
     NoDuplicateBatches,
     build_examples,
     check_training_data,
-    sample_negatives,  # noqa: F401  (its 0.2 import path)
 )
 from .config import FinetuneConfig
-from .curve import CURVE_METRICS, CurveEvaluator, ProgressLog  # noqa: F401  (CURVE_METRICS: its 0.2 import path)
+from .curve import CurveEvaluator, ProgressLog
 from .negatives import mine_bm25, mine_dense
 from .search import length_source, load_model, similarity
 

@@ -19,7 +19,7 @@ from typing import Dict
 from fairseq.criterions import register_criterion
 
 from .multi_term import MultiTermCriterion, Term
-from .vocab_loss import VocabLossConfig, VocabLossMixin, token_nll  # noqa: F401  (token_nll: its old home)
+from .vocab_loss import VocabLossConfig, VocabLossMixin
 
 
 @dataclass

@@ -110,8 +110,6 @@ class VocabLossMixin:
         """Whether the loss is fused with the projection (no full logits): every option but ``plain``."""
         return self.vocab_loss != "plain"
 
-    head_inputs = fused  # its earlier name (when the models were told which to return)
-
     def vocabulary_term(self, features: torch.Tensor, projection, target: torch.Tensor) -> Term:
         """The term of predicting ``target`` (pads ignored) from ``features`` through
         ``projection = (weight, bias or None)``, computed as ``--vocab-loss`` says."""

@@ -1,2 +1,1 @@
-from .shift_tokens_dataset import ShiftTokensDataset  # noqa: F401
-from .update_counts import UpdateCountsEpochBatchIterator  # noqa: F401
+"""The datasets of the pre-training pipeline and the batch iterator that counts the units of an update."""

@@ -190,8 +190,6 @@ def apply() -> None:
             done.append(patch.install)
 
 
-install = apply  # the name in seed_fairseq.compat before 0.2.0
-
 __all__ = [
     "ENVIRONMENT_ERRNOS",
     "FAIRSEQ_0_12",
@@ -200,7 +198,6 @@ __all__ = [
     "Patch",
     "WATCHDOG_INTERVAL",
     "apply",
-    "install",
     "one_line_errors",
     "start_launcher_watchdog",
     "user_error_line",

@@ -1,10 +1,8 @@
+"""The pre-training models, one module per objective (``seed_fairseq.plugin`` imports every module here)."""
+
 from typing import Optional, Type
 
-from .bottleneck import BottleneckEncoderModel  # noqa: F401
-from .cpdae import CpdaeModel  # noqa: F401
-from .retromae import RetroMAEModel  # noqa: F401
-from .seed_encoder import SeedEncoderModel  # noqa: F401
-from .simlm import SimLMModel  # noqa: F401
+from .bottleneck import BottleneckEncoderModel
 
 
 def pretraining_model_class(name: str) -> Optional[Type[BottleneckEncoderModel]]:

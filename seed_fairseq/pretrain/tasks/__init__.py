@@ -1,4 +1,1 @@
-from .cpdae_pretrain import CpdaePretrainTask  # noqa: F401
-from .retromae_pretrain import DupMAEPretrainTask, RetroMAEPretrainTask  # noqa: F401
-from .seed_pretrain import SeedPretrainTask  # noqa: F401
-from .simlm_pretrain import SimLMPretrainTask  # noqa: F401
+"""The pre-training tasks, one module per objective (``seed_fairseq.plugin`` imports every module here)."""

@@ -32,9 +32,9 @@ from ..kit.command import (
 )
 from ..kit.heldout import blocks_needed, plan_valid_docs
 from ..kit.interrupt import Interrupted, handle_interrupts
-from ..kit.layout import Plan
+from ..kit.layout import Plan, claim_out, lock_out
 from ..kit.objectives import OBJECTIVES, ORDER, PretrainSettings, check_fairseq_args, parse_objectives
-from .pipeline import Comparison, claim_out, lock_out
+from .pipeline import Comparison
 from .presets import PRESETS
 from .report import METRICS
 

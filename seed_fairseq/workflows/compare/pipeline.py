@@ -37,28 +37,21 @@ from ...base.fileio import write_json_atomic
 from ...base.retrieval_data import load_data
 from ...encoders.retrieval.metrics import write_trec_run
 from ..kit.heldout import build_data
-from ..kit.layout import (  # noqa: F401  (claim_out, lock_out, corpus_documents, eval_keys, ...: their 0.2 import path)
+from ..kit.layout import (
     BM25_RUN,
     EVAL_FILES,
     FAIRSEQ_TRAIN_FILES,
     OWN_RECORD,
-    RECORD,
     RETRIEVAL_FILES,
     STATE,
-    TOOL,
     Layout,
     Plan,
     StageError,
     check_stage_folders,
-    claim_out,
     corpus_documents,
-    eval_keys,
     file_fingerprint,
-    is_own_record,
-    lock_out,
     log,
     run_name,
-    sample_documents,
     write_retrieval_set,
 )
 from ..kit.objectives import (
