@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Union
 
-from seed_fairseq.base.fileio import place_in, sha256_file  # noqa: F401  (place_in: its import path before fileio.paths)
+from seed_fairseq.base.fileio import sha256_file
 
 from .errors import PreprocessError
 from .record import TOOL, holds_build

@@ -49,7 +49,7 @@ from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .representation import ExportError, ExportJob
 from .sentence import PAPERS, Representation, from_options, st_modules
-from .texts import CHECK_STRINGS, HFTexts, SpmTexts, check_texts  # noqa: F401  (CHECK_STRINGS: its 0.2 path)
+from .texts import HFTexts, SpmTexts, check_texts
 
 if TYPE_CHECKING:
     from fairseq.data import Dictionary

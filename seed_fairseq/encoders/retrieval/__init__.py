@@ -1,8 +1,8 @@
 """Dense retrieval with exported encoders (the ``[retrieval]`` extra); imports without fairseq.
 
-Library modules (the command-line drivers are ``examples/retrieval/*.py``):
+Library modules (the command-line drivers are ``examples/retrieval/*.py``; the BEIR / MS MARCO
+loaders are ``seed_fairseq.base.retrieval_data``):
 
-* ``data``      BEIR / MS MARCO loaders (``FILE:LINE`` errors), the derived set of the demo
 * ``search``    encoding with sentence-transformers, faiss indexes and top-k
 * ``metrics``   ir_measures metrics, TREC run files, paired permutation test
 * ``bm25``      the bm25s baseline

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, List, Optional
 from ...base.retrieval_data import RetrievalData
 from .config import FinetuneConfig
 from .evaluate import evaluate_model
-from .metrics import CURVE_METRICS  # noqa: F401  (also its import path: training.py re-exports it)
+from .metrics import CURVE_METRICS
 
 if TYPE_CHECKING:
     import torch

@@ -6,9 +6,9 @@ imports the model, builds the data with its own tokenizer, continues its pre-tra
 with the objective (the heads the model lacks trained alone first), keeps the checkpoint that
 retrieves best on a held-out set, exports it to HuggingFace and writes a before/after
 report of retrieval (docs/adapt.md).  Imports without fairseq: the stages that need
-it load it when they run.  Built on the comparison's machinery (``seed_fairseq.workflows.compare``:
-the objective table, the held-out validation, the stage runner, the interrupt
-handling) and the retrieval and HF wings.  Modules:
+it load it when they run.  Built on what the workflows share (``seed_fairseq.workflows.kit``:
+the objective table, the held-out validation, the tools a stage starts, the interrupt
+handling), the stage runner of ``preprocess.stages`` and the retrieval and HF encoders.  Modules:
 
 * ``plan``      the resolved plan, its defaults (with their reasons) and the folders of ``--out``
 * ``training``  fairseq-train's arguments, and which checkpoint becomes the adapted model

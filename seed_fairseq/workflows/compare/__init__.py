@@ -4,16 +4,13 @@ Imports without fairseq: the stages that need it (fairseq-train, the FLOPs count
 import and export) load it when they run.
 
 The command is ``examples/compare_objectives.py`` (``examples/reproduce_small.py``
-is the same command under its old name).  Modules:
+is the same command under its old name).  Its own modules (the objective table, the plan and
+the folders of ``--out``, the held-out set, statistics and logs are the workflows' ``kit``; the
+FLOPs count is ``measure.flops``):
 
-* ``objectives``  the objective table -> ``fairseq-train`` arguments over one encoder
 * ``presets``     the quick and standard presets
-* ``layout``      the resolved plan, the folders of ``--out`` and the helpers every room shares
 * ``pipeline``    the resumable stages (``preprocess.stages.Runner``) in one ``--out`` folder
-* ``flops``       FLOPs of a pre-training update, counted on real batches
 * ``evaluation``  one model's [CLS] cosine, zero-shot and few-shot fine-tuned runs
-* ``stats``       mean ± std over seeds, the paired permutation test on seed-averaged queries
-* ``logs``        the validation rows (diagnostics) of fairseq-train's JSON log
 * ``plots``       the PNG figures
 * ``report``      results.json and results.md
 * ``cli``         the command line

@@ -19,7 +19,7 @@ SAMPLE = 256  # texts compared: half queries, half passages of the evaluation sp
 
 
 def sample_texts(data, n: int = SAMPLE) -> List[str]:
-    """Up to ``n`` texts of a retrieval split (``retrieval.data.RetrievalData``): its queries, then
+    """Up to ``n`` texts of a retrieval split (``base.retrieval_data.RetrievalData``): its queries, then
     its passages, each in id order, half of each when both have enough."""
     queries = [data.queries[q] for q in sorted(data.query_ids())]
     docs = [data.corpus[d] for d in sorted(data.corpus)]
