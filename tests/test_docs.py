@@ -161,7 +161,7 @@ def test_slugs_follow_github():
         "export-to-huggingface-transformers--sentence-transformers"
     )
     assert slug("On the CPU: `--flush-denormal`") == "on-the-cpu---flush-denormal"
-    assert slug("Dense retrieval (seed_fairseq.encoders.retrieval)") == "dense-retrieval-seed_fairseqretrieval"
+    assert slug("Dense retrieval (seed_fairseq.retrieval)") == "dense-retrieval-seed_fairseqretrieval"
     assert slug("See [the docs](docs/x.md)") == "see-the-docs"
 
 
