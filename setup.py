@@ -66,12 +66,12 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "seed-drop-heads=seed_fairseq.drop_heads:main",
-            "seed-drop-decoder=seed_fairseq.drop_heads:main",  # the 0.1 name
+            "seed-drop-heads=seed_fairseq.encoders.drop_heads:main",
+            "seed-drop-decoder=seed_fairseq.encoders.drop_heads:main",  # the 0.1 name
         ],
         # representations beyond [CLS], found by name without retrieval/ or hf/ importing them
-        # (seed_fairseq/retrieval/representations.py, seed_fairseq/hf/representation.py)
-        "seed_fairseq.representations": ["dupmae=seed_fairseq.dupmae.retriever:REPRESENTATION"],
-        "seed_fairseq.exporters": ["dupmae=seed_fairseq.dupmae.export:EXPORTER"],
+        # (seed_fairseq/encoders/retrieval/representations.py, seed_fairseq/encoders/hf/representation.py)
+        "seed_fairseq.representations": ["dupmae=seed_fairseq.encoders.dupmae.retriever:REPRESENTATION"],
+        "seed_fairseq.exporters": ["dupmae=seed_fairseq.encoders.dupmae.export:EXPORTER"],
     },
 )

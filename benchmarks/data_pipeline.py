@@ -4,10 +4,10 @@
                                        [--objectives seed,retromae,...] [--peak-tflops 989.4] [--mfu 0.4]
                                        [--no-flops] [--threads 1] [--json OUT]
 
-For every objective of the registry (``seed_fairseq.tasks.registry.registered_objectives``) and
+For every objective of the registry (``seed_fairseq.pretrain.tasks.registry.registered_objectives``) and
 fairseq's own ``masked_lm`` (the reference), at the paper's shape:
 
-* produced: the blocks per CPU second ONE data-loader worker makes (``seed_fairseq.compare.feed``):
+* produced: the blocks per CPU second ONE data-loader worker makes (``seed_fairseq.workflows.measure.feed``):
   the task's real dataset chain (``task.load_dataset("train")``), ``dataset[i]`` for each of a
   batch's ``--batch-size`` blocks of ``--tokens-per-sample`` tokens, then ``dataset.collater``:
   masking, decoder inputs and attention masks, SimLM's masked sets and sampling noise, CPDAE's
@@ -16,7 +16,7 @@ fairseq's own ``masked_lm`` (the reference), at the paper's shape:
 * consumed: the blocks per second an H100 trains at ``--mfu`` (0.4) of its dense BF16 peak
   (``--peak-tflops``, default 989.4: H100 SXM5, NVIDIA's Hopper architecture whitepaper; 1,979 is
   the figure with 2:4 sparsity) = mfu x peak / FLOPs per block, the FLOPs of forward + backward
-  counted (``torch.utils.flop_counter``, ``seed_fairseq.compare.flops``) at base shape (12 x 768,
+  counted (``torch.utils.flop_counter``, ``seed_fairseq.workflows.measure.flops``) at base shape (12 x 768,
   FFN 3072, 12 heads; the objective's full-size architecture and settings from its description;
   SimLM's frozen generator, ELECTRA-base's generator shape 12 x 256, included) on one real batch
   of ``--flop-batch`` full blocks (no padding);
@@ -48,7 +48,7 @@ REFERENCE = ("masked_lm", "masked_lm", "masked_lm", "roberta_base", (), False)
 def setups():
     """name -> (task, criterion, arch, args, needs a generator): fairseq's masked_lm, then the registry's."""
     import seed_fairseq  # noqa: F401  (registers the plugin)
-    from seed_fairseq.tasks.registry import registered_objectives
+    from seed_fairseq.pretrain.tasks.registry import registered_objectives
 
     out = {REFERENCE[0]: REFERENCE[1:]}
     for d in registered_objectives():
@@ -68,7 +68,7 @@ def train_args(setup, args):
 
 
 def measure(name, setup, args):
-    from seed_fairseq.compare import feed
+    from seed_fairseq.workflows.measure import feed
 
     argv = train_args(setup, args)
     task, _ = feed.setup_task(args.data, [*argv, "--batch-size", str(args.batch_size)])

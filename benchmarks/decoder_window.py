@@ -28,7 +28,7 @@ def build_decoder(window, dim=768, layers=3, heads=12, ffn=3072, vocab=1000, pos
     from fairseq.data import Dictionary
     from fairseq.models.transformer import transformer_legacy
 
-    from seed_fairseq.modules.windowed_decoder import WindowedTransformerDecoder
+    from seed_fairseq.pretrain.modules.windowed_decoder import WindowedTransformerDecoder
 
     dictionary = Dictionary()
     for i in range(vocab - len(dictionary)):
@@ -58,7 +58,7 @@ def build_decoder(window, dim=768, layers=3, heads=12, ffn=3072, vocab=1000, pos
 def time_shape(decoder, batch, length, repeat, dim=768):
     import torch
 
-    from seed_fairseq.models.bottleneck import vector_memory
+    from seed_fairseq.pretrain.models.bottleneck import vector_memory
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, decoder.embed_tokens.num_embeddings, (batch, length), generator=g)

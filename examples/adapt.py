@@ -7,13 +7,13 @@
 Imports the model, continues its pre-training on TEXT with the objective (fresh heads
 trained alone first), keeps the checkpoint that retrieves best on a held-out dev set,
 exports it to OUT/model and writes OUT/report.md (+ report.json, report.png): retrieval
-before and after, with paired p-values.  The library is ``seed_fairseq.adapt``; the
+before and after, with paired p-values.  The library is ``seed_fairseq.workflows.adapt``; the
 stages, outputs and resume rules are described in docs/adapt.md.
 """
 
 import sys
 
-from seed_fairseq.adapt.cli import main
+from seed_fairseq.workflows.adapt.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="examples/adapt.py"))

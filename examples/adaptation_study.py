@@ -5,13 +5,13 @@ the safeguards, over seeds; zero-shot and after identical fine-tuning, against t
     python examples/adaptation_study.py --model HF_DIR --corpus TEXT --out OUT \\
         [--objectives all] [--arms none,safeguarded] [--seeds 1,2] [examples/adapt.py's options]
 
-The library is ``seed_fairseq.adapt.study``; the design, the cost and the results are in
+The library is ``seed_fairseq.workflows.adapt.study``; the design, the cost and the results are in
 docs/adapt_study.md.
 """
 
 import sys
 
-from seed_fairseq.adapt.study import main
+from seed_fairseq.workflows.adapt.study import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="examples/adaptation_study.py"))

@@ -7,13 +7,13 @@
 
 Options: --objectives A,B (default: every objective of the plugin; --help lists them),
 --seeds N, --init scratch|HF_DIR, --corpus FILE, --retrieval-data DIR, and every
-size of the presets (--help).  The library is ``seed_fairseq.compare``; the
-stages, outputs and resume rules are described in ``seed_fairseq/compare/pipeline.py``.
+size of the presets (--help).  The library is ``seed_fairseq.workflows.compare``; the
+stages, outputs and resume rules are described in ``seed_fairseq/workflows/compare/pipeline.py``.
 """
 
 import sys
 
-from seed_fairseq.compare.cli import main
+from seed_fairseq.workflows.compare.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="examples/compare_objectives.py"))

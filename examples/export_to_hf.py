@@ -15,7 +15,7 @@ it (the pooling, ``Normalize`` and ``similarity_fn_name`` of --bottleneck-poolin
 --retrieval-similarity: an import of a mean-pooling, normalising model is exported as one; a
 model pre-trained from scratch, as the papers', with [CLS] pooling and dot product), checked
 against fairseq's pooled vectors too.  A DupMAE checkpoint also gets DupMAE's retrieval
-representation (``--representation``, ``seed_fairseq/dupmae/``).
+representation (``--representation``, ``seed_fairseq/encoders/dupmae/``).
 """
 
 import argparse
@@ -23,8 +23,8 @@ import logging
 import sys
 from pathlib import Path
 
-from seed_fairseq.hf import representation
-from seed_fairseq.hf.export import ExportError, export
+from seed_fairseq.encoders.hf import representation
+from seed_fairseq.encoders.hf.export import ExportError, export
 
 
 def main(argv=None):

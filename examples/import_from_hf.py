@@ -32,7 +32,7 @@ import argparse
 import logging
 import sys
 
-from seed_fairseq.hf.import_ import HFImportError, import_model
+from seed_fairseq.encoders.hf.import_ import HFImportError, import_model
 
 
 def main(argv=None):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, List
 
 TAG = "| valid | "
-# what BottleneckPretrainTask.log_start logs (seed_fairseq.diagnostics.start_line)
+# what BottleneckPretrainTask.log_start logs (seed_fairseq.pretrain.diagnostics.start_line)
 START = re.compile(r"retrieval at update 0 \(the starting model[^)]*\): (.*)$")
 
 

@@ -6,7 +6,7 @@ python examples/reproduce_small.py --out runs/reproduce_small
 
 import sys
 
-from seed_fairseq.compare.cli import main
+from seed_fairseq.workflows.compare.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="examples/reproduce_small.py"))

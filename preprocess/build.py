@@ -18,7 +18,7 @@ options changed, see preprocess/README.md):
                 marks a complete folder.
 
 Every file is written under a temporary name and renamed when complete
-(seed_fairseq.fileio). ``--out`` must be missing, empty, or hold this tool's
+(seed_fairseq.base.fileio). ``--out`` must be missing, empty, or hold this tool's
 own record (preprocess.record); nothing else in it is ever written or deleted.
 Nothing in it is ever read as input: an input inside ``--out`` is refused, and
 the ``--books`` listing leaves out every folder holding a build (an ``--out``
@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from seed_fairseq.fileio import OutputError, listed_path
+from seed_fairseq.base.fileio import OutputError, listed_path
 
 from . import ownership
 from . import record as rec
@@ -139,7 +139,7 @@ class Build(StageBodies):
 
     def load_tokenizer(self) -> None:
         """The --tokenizer's identity (its whole pipeline and vocabulary), before any stage."""
-        from seed_fairseq.vocabulary.tokenizer import (
+        from seed_fairseq.base.vocabulary.tokenizer import (
             TokenizerError,
             load_fast_tokenizer,
             tokenizer_folder,

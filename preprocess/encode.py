@@ -153,13 +153,13 @@ def encode_file_hf(
 ) -> Dict[str, int]:
     """``encode_file`` with a HuggingFace tokenizer instead of sentencepiece: each line's
     tokens (no special tokens) written as the fairseq dictionary's symbols (the model's
-    own tokens, see seed_fairseq.vocabulary.tokenizer), cut before word starts like spm pieces.
+    own tokens, see seed_fairseq.base.vocabulary.tokenizer), cut before word starts like spm pieces.
 
     The tokenizer runs in this process (its Rust core uses the cores itself).  A
     line the tokenizer reduces to nothing is dropped (counted), never written as
     an empty line, which fairseq would read as a document boundary.
     """
-    from seed_fairseq.vocabulary.tokenizer import load_fast_tokenizer, starts_word, vocab_from_tokenizer
+    from seed_fairseq.base.vocabulary.tokenizer import load_fast_tokenizer, starts_word, vocab_from_tokenizer
 
     tok = load_fast_tokenizer(tokenizer_dir)
     vocab = vocab_from_tokenizer(tok, tokenizer_dir)

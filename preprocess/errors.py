@@ -4,9 +4,9 @@ and the machine's errors it reports the same way."""
 import errno
 import os
 
-from seed_fairseq.errors import ENVIRONMENT_ERRNOS
-from seed_fairseq.fileio import STORAGE_ERRNOS as WRITE_ERRNOS
-from seed_fairseq.fileio import naming as writing
+from seed_fairseq.base.errors import ENVIRONMENT_ERRNOS
+from seed_fairseq.base.fileio import STORAGE_ERRNOS as WRITE_ERRNOS
+from seed_fairseq.base.fileio import naming as writing
 
 # ENVIRONMENT_ERRNOS: errors of the machine rather than of the code, reported like
 # bad input, one line naming the file, so the user can fix it and rerun to resume.

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Union
 
-from seed_fairseq.fileio import place_in, sha256_file  # noqa: F401  (place_in: its import path before fileio.paths)
+from seed_fairseq.base.fileio import sha256_file
 
 from .errors import PreprocessError
 from .record import TOOL, holds_build
@@ -22,7 +22,7 @@ logger = logging.getLogger("preprocess")
 
 
 def file_sha256(path: Path) -> str:
-    """:func:`seed_fairseq.fileio.sha256_file`, an unreadable file a :class:`PreprocessError`."""
+    """:func:`seed_fairseq.base.fileio.sha256_file`, an unreadable file a :class:`PreprocessError`."""
     try:
         return sha256_file(path)
     except OSError as e:

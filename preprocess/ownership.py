@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from seed_fairseq.fileio import OutputError, check_out_path, check_output_dir, lock_folder, place_in
+from seed_fairseq.base.fileio import OutputError, check_out_path, check_output_dir, lock_folder, place_in
 
 from . import record as rec
 from .errors import PreprocessError, writing
@@ -81,7 +81,7 @@ def check_collisions(out: Path, rels: Sequence[str], owned) -> None:
 
 class OutLock:
     """One build at a time in OUT: a second one is refused, it never waits
-    (:func:`seed_fairseq.fileio.lock_folder`). Where OUT cannot be opened or
+    (:func:`seed_fairseq.base.fileio.lock_folder`). Where OUT cannot be opened or
     the file system has no locks, the build carries on unlocked, as before."""
 
     def __init__(self, out: Path):

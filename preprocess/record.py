@@ -23,7 +23,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from seed_fairseq.fileio import delete_listed, fsync_dir, write_json_atomic
+from seed_fairseq.base.fileio import delete_listed, fsync_dir, write_json_atomic
 
 RECORD = "preprocess.json"
 RECORD_FORMAT = "seed_fairseq.preprocess/1"
@@ -129,7 +129,7 @@ def delete_outputs(out: Path, rels: Iterable[str]) -> None:
     """Delete the listed files of OUT (never folders), then the folders (e.g.
     ``shard3``) these deletions left empty.  A listed path outside OUT (absolute,
     ``..``, or through a symbolic link) is refused before anything is deleted
-    (``seed_fairseq.fileio.delete_listed``: the rule every tool shares)."""
+    (``seed_fairseq.base.fileio.delete_listed``: the rule every tool shares)."""
     delete_listed(out, rels)
 
 
@@ -386,7 +386,7 @@ def _spm_sections(a, vocab_result: Dict[str, Any], dictionary_sha256: str) -> Di
             "counts": "1 for every piece",
             "size_with_specials": pieces + 1,
             "mask_index": vocabmod.spm_to_fairseq_id(pieces - 1) + 1,
-            # seed_fairseq.vocabulary.dictionary.dictionary_sha256: compared by the training
+            # seed_fairseq.base.vocabulary.dictionary.dictionary_sha256: compared by the training
             # task, checkpoints and the HF export before ids are trusted.
             "sha256": dictionary_sha256,
         },
@@ -398,7 +398,7 @@ def _tokenizer_sections(vocab_result: Dict[str, Any], dictionary_sha256: str) ->
         "tokenizer": dict(vocab_result["record"], files=vocab_result["tokenizer_files"], source=vocab_result["source"]),
         "fairseq_dictionary": {
             "file": "dict.txt",
-            "convention": "the tokenizer's own ids (seed_fairseq.hf.vocab)",
+            "convention": "the tokenizer's own ids (seed_fairseq.base.vocabulary.tokenizer)",
             "rule": vocab_result["record"]["rule"],
             "counts": "1 for every token",
             "size_with_specials": vocab_result["pieces"],
@@ -412,7 +412,7 @@ def move_into(src: Path, dst: Path) -> None:
     """Rename the complete file ``src`` to ``dst`` (same file system: both are in
     OUT), durably: the data is fsync'ed before the rename, the folder after.
 
-    seed_fairseq.fileio has no helper for a file written elsewhere (fairseq's
+    seed_fairseq.base.fileio has no helper for a file written elsewhere (fairseq's
     binarizer writes its own files), hence this one.
     """
     with open(src, "rb+") as f:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from seed_fairseq.fileio import OutputError, delete_listed, write_json_atomic
+from seed_fairseq.base.fileio import OutputError, delete_listed, write_json_atomic
 
 logger = logging.getLogger("preprocess")
 

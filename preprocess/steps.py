@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tqdm import tqdm
 
-from seed_fairseq.fileio import atomic_path, copy_atomic, write_json_atomic
+from seed_fairseq.base.fileio import atomic_path, copy_atomic, write_json_atomic
 
 from . import record as rec
 from .errors import PreprocessError, writing
@@ -186,9 +186,9 @@ class StageBodies:
         return {"sample_lines": kept, "pieces": sp.get_piece_size()}
 
     def stage_tokenizer_vocab(self, results: Dict[str, Any]) -> Dict[str, Any]:
-        """dict.txt, the id mapping and a copy of the tokenizer (seed_fairseq.vocabulary.tokenizer)."""
-        from seed_fairseq.vocabulary.tokenizer import RECORD as VOCAB_RECORD
-        from seed_fairseq.vocabulary.tokenizer import load_fast_tokenizer, vocab_from_tokenizer, write_dict
+        """dict.txt, the id mapping and a copy of the tokenizer (seed_fairseq.base.vocabulary.tokenizer)."""
+        from seed_fairseq.base.vocabulary.tokenizer import RECORD as VOCAB_RECORD
+        from seed_fairseq.base.vocabulary.tokenizer import load_fast_tokenizer, vocab_from_tokenizer, write_dict
 
         d = self.work / "vocab"
         tok = load_fast_tokenizer(self.tokenizer_dir)
@@ -287,7 +287,7 @@ class StageBodies:
         return counts
 
     def stage_finalize(self, results: Dict[str, Any]) -> Dict[str, Any]:
-        from seed_fairseq.vocabulary.dictionary import dictionary_sha256
+        from seed_fairseq.base.vocabulary.dictionary import dictionary_sha256
 
         a, out = self.opts, self.out
         names = self.split_names(results)

@@ -1,6 +1,6 @@
 """Text normalisation and the plain-text readers (BookCorpus-style dirs, ready corpora).
 
-``normalize_line`` (defined in ``seed_fairseq.vocabulary.text``, recorded under this name)
+``normalize_line`` (defined in ``seed_fairseq.base.vocabulary.text``, recorded under this name)
 is the single definition of the normalisation recorded in ``preprocess.json``; anything
 that tokenizes raw text for this model (HF export, downstream encoding) must apply it
 before the sentencepiece model, because the model itself is trained with sentencepiece's
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple, Union
 
 # below the fairseq side, where the pre-training task's --retrieval-dev normalises its text too
-from seed_fairseq.vocabulary.text import NORMALIZATION_STEPS, normalize_line  # noqa: F401
+from seed_fairseq.base.vocabulary.text import NORMALIZATION_STEPS, normalize_line  # noqa: F401
 
 from .errors import PreprocessError
 

@@ -15,4 +15,4 @@ if [ -z "$PY" ]; then
 fi
 # one thread per process on the CPU (the dry run): OpenMP spinning slows a shared machine down
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec "$PY" -m seed_fairseq.gpucheck "$@"
+exec "$PY" -m seed_fairseq.workflows.gpucheck "$@"

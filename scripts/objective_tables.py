@@ -1,5 +1,5 @@
 """Print the objectives' tables, written from the registered objectives' descriptions
-(``seed_fairseq/tasks/tables.py``): the docs point here instead of keeping tables that
+(``seed_fairseq/pretrain/tasks/tables.py``): the docs point here instead of keeping tables that
 an objective added to the plugin would leave stale.
 
     python scripts/objective_tables.py               # every table
@@ -9,7 +9,7 @@ an objective added to the plugin would leave stale.
 import argparse
 import sys
 
-from seed_fairseq.tasks.tables import TABLES, render
+from seed_fairseq.pretrain.tasks.tables import TABLES, render
 
 
 def main(argv=None) -> int:

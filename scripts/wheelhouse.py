@@ -27,7 +27,7 @@ What goes into DIR (for one target Python and platform):
   the target: for people), ``requirements.lock`` (every file as ``name==version --hash=sha256:...``:
   what setup_env.sh installs, with ``--require-hashes``) and ``SHA256SUMS``.
 
-The folder is the tool's own (``seed_fairseq.fileio``'s ownership rule): a new one is built beside it
+The folder is the tool's own (``seed_fairseq.base.fileio``'s ownership rule): a new one is built beside it
 and put in place only when complete; an earlier wheelhouse is replaced file by file, exactly the files
 its record lists (an entry outside the folder, or through a link, is refused before anything changes),
 and a folder holding files its record does not list is refused before anything is downloaded.
@@ -199,7 +199,7 @@ def check_out(out):
     """Refuse, before anything is downloaded, an --out this tool may not replace (``fileio``'s rule): a
     file, a folder of someone else's, a record listing a path outside the folder or through a link, an
     older record that lists no files, or a wheelhouse holding files its record does not list."""
-    from seed_fairseq.fileio import OutputError, owned_output, staged_files
+    from seed_fairseq.base.fileio import OutputError, owned_output, staged_files
 
     try:
         owned = owned_output(out, RECORD, TOOL)
@@ -327,7 +327,7 @@ def write_manifest(folder, meta):
     """SHA256SUMS, the lock, requirements.txt, then the record (last: it lists every file)."""
     from packaging.utils import parse_sdist_filename, parse_wheel_filename
 
-    from seed_fairseq.fileio import staged_files, write_output_record
+    from seed_fairseq.base.fileio import staged_files, write_output_record
 
     files = [rel for rel in staged_files(folder) if rel not in MANIFEST]
     hashes = {name: sha256(folder / name) for name in files}
@@ -414,7 +414,7 @@ def make(args):
         import torch  # noqa: F401  (fairseq's setup.py imports it when pip reads the sdist)
     except ImportError as e:
         raise Refused(f"{runner}: needs {e.name} (run with the project's .venv: PYTHON=.venv/bin/python)") from None
-    from seed_fairseq.fileio import OutputError, staged_output
+    from seed_fairseq.base.fileio import OutputError, staged_output
 
     out = args.out.absolute()
     check_out(out)  # before any download: a folder this tool may not replace is refused as it is

@@ -23,6 +23,6 @@ def register() -> None:
 if "fairseq" in sys.modules:
     register()
 else:
-    from ._registration import install
+    from .base._registration import install
 
     install(register)

@@ -1,9 +1,7 @@
-"""Moved to :mod:`seed_fairseq.fairseq_patches` in 0.2.0 (one module per fix, the table
-``PATCHES``); this import path keeps working and, as before, importing it applies the patches."""
+"""The 0.1 module of the fairseq fixes, kept for 0.1 code: importing it applies them, as in 0.1, and
+``install()`` is 0.1's name for :func:`seed_fairseq.pretrain.fairseq_patches.apply` (the fixes, one
+module each, and their table ``PATCHES`` live there)."""
 
-import sys
+from .pretrain.fairseq_patches import apply as install
 
-from . import fairseq_patches as _moved
-
-_moved.apply()
-sys.modules[__name__] = _moved
+install()

@@ -14,11 +14,11 @@ reaches it.
 import importlib
 import pkgutil
 
-from . import fairseq_patches
+from .pretrain import fairseq_patches
 
 fairseq_patches.apply()
 
-from . import criterions, models, tasks  # noqa: E402
+from .pretrain import criterions, models, tasks  # noqa: E402
 
 for _package in (tasks, models, criterions):
     for _module in pkgutil.iter_modules(_package.__path__):

@@ -1,7 +1,7 @@
 """The plugin's pre-training objectives as the tests see them: one entry each.
 
 The entries are read off the task classes' own descriptions
-(``BottleneckPretrainTask.objectives``, ``seed_fairseq/objectives.py``): adding an
+(``BottleneckPretrainTask.objectives``, ``seed_fairseq/base/objectives.py``): adding an
 objective to the plugin adds nothing here, and the contract suite
 (``test_contract.py``) checks it like every other objective.
 """
@@ -9,7 +9,7 @@ objective to the plugin adds nothing here, and the contract suite
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
-from seed_fairseq.tasks.registry import registered_objectives
+from seed_fairseq.pretrain.tasks.registry import registered_objectives
 
 
 # deliberately odd sizes: hidden 32, FFN 37, 2 heads

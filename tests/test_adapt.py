@@ -1,4 +1,4 @@
-"""The domain-adaptation command (examples/adapt.py, seed_fairseq.adapt), issue 23 item 4.
+"""The domain-adaptation command (examples/adapt.py, seed_fairseq.workflows.adapt), issue 23 item 4.
 
 Slow: the whole flow through the real command line on the demo corpus with a tiny BERT
 saved without MLM head as a sentence-transformers model with mean pooling and Normalize
@@ -20,9 +20,9 @@ import torch
 from helpers import DEMO_CORPUS, REPO, check
 from hf_models import save_sentence_model
 
-from seed_fairseq.adapt import cli
-from seed_fairseq.adapt.pipeline import Adaptation
-from seed_fairseq.compare.layout import corpus_documents
+from seed_fairseq.workflows.adapt import cli
+from seed_fairseq.workflows.adapt.pipeline import Adaptation
+from seed_fairseq.workflows.kit.layout import corpus_documents
 
 ADAPT = REPO / "examples" / "adapt.py"
 # a handful of updates: 2 validations (and the starting model's score), 1 update with the encoder frozen
@@ -32,7 +32,7 @@ TINY = ["--objective", "seed", "--updates", "4", "--batch-size", "8", "--validat
 
 def _training_queries(root):
     """A BEIR folder with a train split: the queries derived from 8 documents of the demo corpus."""
-    from seed_fairseq.retrieval.data import derive_retrieval_set
+    from seed_fairseq.base.retrieval_data import derive_retrieval_set
 
     text = root / "train_docs.txt"
     text.write_text("\n\n".join("\n".join(d) for d in corpus_documents(DEMO_CORPUS)[:8]) + "\n")
@@ -110,15 +110,15 @@ def test_the_flow_adapts_exports_the_best_checkpoint_and_reports_before_and_afte
     # the model's own representation throughout: pre-trained and validated on, exported with, scored in
     assert "'bottleneck_pooling': mean, 'retrieval_similarity': cosine," in log  # (enum values, unquoted)
     mean = "Transformer -> Pooling(mean) -> Normalize, cosine"
-    from seed_fairseq.compare.roundtrip import describe
-    from seed_fairseq.retrieval.search import load_model
+    from seed_fairseq.encoders.retrieval.search import load_model
+    from seed_fairseq.workflows.kit.roundtrip import describe
 
     assert describe(load_model(str(out / "model"), "cpu")) == mean
     # the reference is --model itself; the round trip of its import gave it back exactly, so the report
     # starts with its result; had it not, its first sentence would say so
     check = data["roundtrip"]
     assert check["exact"] and check["given"] == check["round_trip"] == mean and check["max_abs_diff"] <= 1e-5
-    from seed_fairseq.adapt.report import markdown
+    from seed_fairseq.workflows.adapt.report import markdown
 
     assert md.splitlines()[2] == "```" and "round trip (`roundtrip/`) was compared with the model as given" in md
     inexact = {**data, "roundtrip": {**check, "exact": False, "max_abs_diff": 0.01}}
@@ -133,7 +133,7 @@ def test_the_best_checkpoint_is_what_gets_exported(flow, tmp_path):
     """When a continued checkpoint scores above the start, model/ is fairseq's checkpoint_best.pt, not
     checkpoint_last.pt.  A tiny random model's dev score does not rise in a few updates (the flow keeps
     the start), so a copy of the run gets a log in which the best checkpoint's validation beat it."""
-    from seed_fairseq.checkpoint import num_updates, peek_checkpoint
+    from seed_fairseq.pretrain.checkpoint import num_updates, peek_checkpoint
 
     copy = tmp_path / "out"
     shutil.copytree(flow["out"], copy, ignore=shutil.ignore_patterns(".lock"))
@@ -228,7 +228,7 @@ def test_a_change_redoes_exactly_the_stages_that_depend_on_it(tmp_path, bert, ch
 
 def test_progress_lines_follow_the_log(tmp_path):
     """One line per new validation (with the change since the start), one per new update, none repeated."""
-    from seed_fairseq.adapt.progress import TrainProgress
+    from seed_fairseq.workflows.adapt.progress import TrainProgress
 
     log, said = tmp_path / "train.log", []
     progress = TrainProgress(log, 100, "dev_ndcg10", said.append, every=0)
@@ -292,7 +292,7 @@ def test_bad_input_is_one_error_line_before_anything_is_written(tmp_path, capsys
 
 
 def test_a_round_trip_that_is_not_exact_is_the_reports_first_sentence():
-    from seed_fairseq.compare.roundtrip import first_sentence, statement
+    from seed_fairseq.workflows.kit.roundtrip import first_sentence, statement
 
     check = {"texts": 88, "max_abs_diff": 3e-4, "exact": False, "given": "T -> Pooling(mean), dot",
              "round_trip": "T -> Pooling(mean), dot"}  # fmt: skip

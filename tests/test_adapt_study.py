@@ -1,4 +1,4 @@
-"""The adaptation study (examples/adaptation_study.py, seed_fairseq.adapt.study), issue 23 item 5.
+"""The adaptation study (examples/adaptation_study.py, seed_fairseq.workflows.adapt.study), issue 23 item 5.
 
 Slow: the real command line on the demo corpus with a tiny BERT saved without MLM head as a
 sentence-transformers model with mean pooling and Normalize (its representation kept throughout):
@@ -14,10 +14,10 @@ import pytest
 from helpers import DEMO_CORPUS, REPO, check
 from hf_models import save_sentence_model
 
-from seed_fairseq.adapt import study
-from seed_fairseq.adapt.study_report import summary, table
-from seed_fairseq.retrieval.data import load_data
-from seed_fairseq.retrieval.metrics import evaluate, read_trec_run
+from seed_fairseq.base.retrieval_data import load_data
+from seed_fairseq.encoders.retrieval.metrics import evaluate, read_trec_run
+from seed_fairseq.workflows.adapt import study
+from seed_fairseq.workflows.adapt.study_report import summary, table
 
 STUDY = REPO / "examples" / "adaptation_study.py"
 TINY = ["--objectives", "seed,simlm", "--arms", "none,safeguarded", "--seeds", "1,2", "--updates", "4",
@@ -93,7 +93,7 @@ def test_the_report_holds_the_runs_own_numbers(run):
     check = data["roundtrip"]
     assert check["exact"] and check["given"] == "Transformer -> Pooling(mean) -> Normalize, cosine"
     assert md.splitlines()[2] == "```" and "round trip (`roundtrip/`) was compared with the model as given" in md
-    from seed_fairseq.adapt.study_report import markdown
+    from seed_fairseq.workflows.adapt.study_report import markdown
 
     inexact = {**data, "roundtrip": {**data["roundtrip"], "exact": False, "max_abs_diff": 0.01}}
     assert markdown(inexact).splitlines()[2].startswith("**The import -> export round trip does not reproduce")

@@ -1,4 +1,4 @@
-"""``--bf16`` without a TPU (``seed_fairseq/fairseq_patches/bf16_device.py``): fairseq 0.12 reads
+"""``--bf16`` without a TPU (``seed_fairseq/pretrain/fairseq_patches/bf16_device.py``): fairseq 0.12 reads
 ``--bf16`` as ``--tpu``; the fix keeps the run on its device, where fairseq's own bf16 path (model
 cast, fp32 master weights, no loss scaler) is the same code on a GPU and on the CPU."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import REPO, check, train_cmd
 
-from seed_fairseq.checkpoint import load_torch_file  # weights_only with the allowlist
-from seed_fairseq.fairseq_patches import bf16_device
+from seed_fairseq.pretrain.checkpoint import load_torch_file  # weights_only with the allowlist
+from seed_fairseq.pretrain.fairseq_patches import bf16_device
 
 EXPORT = str(REPO / "examples" / "export_to_hf.py")
 
@@ -52,7 +52,7 @@ def test_the_trainer_runs_in_bf16(demo_data_bin):
     from fairseq.trainer import Trainer
 
     import seed_fairseq  # noqa: F401
-    from seed_fairseq.fairseq_patches import bf16_device as fix
+    from seed_fairseq.pretrain.fairseq_patches import bf16_device as fix
 
     args = [str(demo_data_bin), "--user-dir", str(REPO / "seed_fairseq"), "--task", "seed_pretrain"]
     args += ["--criterion", "seed_pretrain", "--arch", "seed_encoder_tiny", "--cpu", "--bf16"]

@@ -8,8 +8,8 @@ import torch
 from objectives import BY_NAME
 from test_contract import build
 
-from seed_fairseq.criterions.bowpred_pretrain import bow_term, decay_factor
-from seed_fairseq.tasks.bowpred_pretrain import bag_of_words
+from seed_fairseq.pretrain.criterions.bowpred_pretrain import bow_term, decay_factor
+from seed_fairseq.pretrain.tasks.bowpred_pretrain import bag_of_words
 
 BOWPRED = BY_NAME["bowpred"]
 

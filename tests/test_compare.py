@@ -1,4 +1,4 @@
-"""The comparison of the objectives (seed_fairseq.compare, examples/compare_objectives.py).
+"""The comparison of the objectives (seed_fairseq.workflows.compare, examples/compare_objectives.py).
 
 Fast: aggregation over seeds and the paired permutation test on hand-made
 numbers, the objective table (identical encoder and budget, CPDAE's half
@@ -17,9 +17,9 @@ import pytest
 from helpers import DEMO_CORPUS, REPO, check, load_driver
 from objectives import TINY_ENCODER
 
-from seed_fairseq.compare import cli
-from seed_fairseq.compare.objectives import OBJECTIVES, ORDER, PretrainSettings, objective_args, parse_objectives
-from seed_fairseq.compare.stats import aggregate_seeds, mean_std, paired_p, seed_mean_per_query
+from seed_fairseq.workflows.compare import cli
+from seed_fairseq.workflows.kit.objectives import OBJECTIVES, ORDER, PretrainSettings, objective_args, parse_objectives
+from seed_fairseq.workflows.kit.stats import aggregate_seeds, mean_std, paired_p, seed_mean_per_query
 
 TINY_ENC = " ".join(TINY_ENCODER)
 
@@ -118,7 +118,7 @@ def test_every_objective_gets_the_same_encoder_and_schedule():
 
 def test_flops_stage_does_not_depend_on_the_schedule_length():
     """A new --updates (or warm-up) keeps the counted FLOPs per update: the stage is not redone."""
-    from seed_fairseq.compare.objectives import per_update_args
+    from seed_fairseq.workflows.kit.objectives import per_update_args
 
     short, long = (
         per_update_args(objective_args(OBJECTIVES["seed"], replace(_settings(), updates=u, warmup=u // 10), 1))
@@ -138,7 +138,7 @@ def test_parse_objectives():
 def test_flops_identical_encoder_budget(demo_data_bin):
     """The counted encoder FLOPs per update are the same for every objective (CPDAE: half
     the texts, two views each), while the whole update's differ by the objective's heads."""
-    from seed_fairseq.compare.flops import count_update_flops
+    from seed_fairseq.workflows.measure.flops import count_update_flops
 
     s = PretrainSettings(TINY_ENC.split(), 48, 8, 1, 10, 1, 1e-3, 0, 0)
     counts = {o: count_update_flops(demo_data_bin, objective_args(OBJECTIVES[o], s, 1), batches=3)

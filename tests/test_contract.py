@@ -427,7 +427,7 @@ def check_micro_batch_normalisation(obj, contract_data, fixtures=None):
     by the count of the whole update, whether its per-unit loss is in-batch or not."""
     from fairseq.trainer import Trainer
 
-    from seed_fairseq.data.update_counts import UPDATE_COUNTS
+    from seed_fairseq.pretrain.data.update_counts import UPDATE_COUNTS
 
     task, model, criterion, cfg = build_with_cfg(
         obj, contract_data, *SGD_ONE_STEP, "--batch-size", "4", "--update-freq", "2", fixtures=fixtures
@@ -643,7 +643,7 @@ def check_fused_vocabulary_loss(obj, contract_data, fixtures=None):
     f = fixtures
     task, model, fused = build(obj, contract_data, *no_dropout, "--vocab-loss-chunk-size", "7", fixtures=f)
     _, _, plain = build(obj, contract_data, *no_dropout, "--vocab-loss", "plain", fixtures=f)
-    assert fused.head_inputs and not plain.head_inputs
+    assert fused.fused and not plain.fused
     task.load_dataset("valid")
     sample = next(task.get_batch_iterator(task.dataset("valid"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False))
     model.train()

@@ -15,10 +15,10 @@ from objectives import BY_NAME
 from scipy.spatial.distance import jensenshannon
 from test_contract import POOLINGS, build, check_bottleneck, train_cmd
 
-from seed_fairseq.criterions.cpdae_pretrain import dense_similarity, js_similarity, word_distributions
-from seed_fairseq.modules import js_divergence as jsd
-from seed_fairseq.modules.contrastive import info_nce_sum
-from seed_fairseq.tasks.cpdae_pretrain import DUMMY_BATCH
+from seed_fairseq.pretrain.criterions.cpdae_pretrain import dense_similarity, js_similarity, word_distributions
+from seed_fairseq.pretrain.modules import js_divergence as jsd
+from seed_fairseq.pretrain.modules.contrastive import info_nce_sum
+from seed_fairseq.pretrain.tasks.cpdae_pretrain import DUMMY_BATCH
 
 CPDAE = BY_NAME["cpdae"]
 LN2 = math.log(2)
@@ -48,9 +48,9 @@ def test_registered_names_are_ours():
     import fairseq.models as M
     import fairseq.tasks as T
 
-    from seed_fairseq.criterions.cpdae_pretrain import CpdaePretrainCriterion
-    from seed_fairseq.models.cpdae import CpdaeModel
-    from seed_fairseq.tasks.cpdae_pretrain import CpdaePretrainTask
+    from seed_fairseq.pretrain.criterions.cpdae_pretrain import CpdaePretrainCriterion
+    from seed_fairseq.pretrain.models.cpdae import CpdaeModel
+    from seed_fairseq.pretrain.tasks.cpdae_pretrain import CpdaePretrainTask
 
     assert T.TASK_REGISTRY["cpdae_pretrain"] is CpdaePretrainTask
     assert C.CRITERION_REGISTRY["cpdae_pretrain"] is CpdaePretrainCriterion
@@ -485,7 +485,7 @@ def test_recomputed_view_trains_under_pytorch_ddp(contract_data, tmp_path):
     torch.manual_seed(0)
     task, model, criterion = build(CPDAE, contract_data, *DDP_ARGS)
     model.train()
-    from seed_fairseq.data.update_counts import UPDATE_COUNTS
+    from seed_fairseq.pretrain.data.update_counts import UPDATE_COUNTS
 
     expected = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     batches = _two_batches(task)

@@ -7,7 +7,7 @@ import torch
 from conftest import build_task_model
 from helpers import check, cli, run, train_cmd
 
-from seed_fairseq.data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
+from seed_fairseq.pretrain.data.update_counts import UPDATE_COUNTS, UpdateCountsEpochBatchIterator
 
 
 @pytest.fixture(scope="module")

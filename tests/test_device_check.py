@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO, run
 from test_gpu_check import OBJECTIVE_NAMES
 
-from seed_fairseq.gpucheck import report
+from seed_fairseq.workflows.gpucheck import report
 
 SCRIPT = REPO / "scripts" / "device_check.sh"
 EXPECTED_CHECKS = (
@@ -54,7 +54,8 @@ def test_the_bundles_data_set_is_passed_to_gpu_check(tmp_path):
         where = bundle if has_data else tmp_path / "no-bundle"
         proc = device_check(out, tmp_path / "work", "--bundle", where, python=python, CALLS=str(calls))
         assert proc.returncode == 0, proc.stderr
-        gpu_check = [line for line in calls.read_text().splitlines() if "-m seed_fairseq.gpucheck" in line][-1]
+        lines = calls.read_text().splitlines()
+        gpu_check = [line for line in lines if "-m seed_fairseq.workflows.gpucheck" in line][-1]
         summary = (out / "device_check.txt").read_text()
         if has_data:
             assert f"--data {bundle}/data --out" in gpu_check, gpu_check

@@ -1,4 +1,4 @@
-"""Pre-training diagnostics at validation (seed_fairseq/diagnostics.py)."""
+"""Pre-training diagnostics at validation (seed_fairseq/pretrain/diagnostics.py)."""
 
 import json
 import sys
@@ -60,7 +60,7 @@ def test_rotated_cls_changes_nothing_when_the_decoder_ignores_it(data):
 
 
 def test_anisotropy_is_the_mean_pairwise_cosine():
-    from seed_fairseq.diagnostics import pairwise_cosine_sum
+    from seed_fairseq.pretrain.diagnostics import pairwise_cosine_sum
 
     cls = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]])
     total, pairs = pairwise_cosine_sum(cls)
@@ -69,7 +69,7 @@ def test_anisotropy_is_the_mean_pairwise_cosine():
 
 
 def test_probe_halves_and_ranks():
-    from seed_fairseq.diagnostics import halves, retrieval_probe
+    from seed_fairseq.pretrain.diagnostics import halves, retrieval_probe
 
     q, p = halves(torch.tensor([0, 11, 12, 13, 14, 15, 2, 1, 1]), bos=0, eos=2, pad=1)
     assert q.tolist() == [0, 11, 12] and p.tolist() == [0, 13, 14, 15]
@@ -171,7 +171,7 @@ def test_trained_decoder_takes_bits_from_cls(data, pooling):
 
 
 def _pooled(model, tokens, pooling, cosine):
-    from seed_fairseq.models.bottleneck import pool
+    from seed_fairseq.pretrain.models.bottleneck import pool
 
     features, _ = model.encode(tokens)
     vectors = pool(features, tokens.eq(1), pooling).float()
@@ -191,7 +191,7 @@ def _probe_rr(model, pairs, pooling, cosine):
 def test_anisotropy_and_probe_read_the_pooled_vector(data):
     """With --bottleneck-pooling mean --retrieval-similarity cosine, cls_cosine is over the mean-pooled
     vectors of the batch's blocks and the probe ranks by their cosine (not by [CLS] dot products)."""
-    from seed_fairseq import diagnostics
+    from seed_fairseq.pretrain import diagnostics
 
     task, model, criterion = build(
         data, "--bottleneck-pooling", "mean", "--retrieval-similarity", "cosine", "--retrieval-probe-size", "16"
@@ -211,7 +211,7 @@ def test_anisotropy_and_probe_read_the_pooled_vector(data):
 
 def test_dev_scores_are_the_cosine_of_the_pooled_vectors(data):
     """--retrieval-dev ranks by the representation: mean-pooled, compared by cosine."""
-    from seed_fairseq import retrieval_dev
+    from seed_fairseq.pretrain import retrieval_dev
 
     task, model, _ = build(data, "--bottleneck-pooling", "mean", "--retrieval-similarity", "cosine")
     model.eval()

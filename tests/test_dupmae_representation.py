@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from helpers import REPO, USER_DIR, check, cli
 from objectives import TINY_ENCODER
 
-from seed_fairseq.hf.dupmae_head import (
+from seed_fairseq.base.retrieval_data import DataFormatError, load_data, write_beir
+from seed_fairseq.encoders.dupmae import retriever as rd
+from seed_fairseq.encoders.dupmae.head import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     DupMAEHead,
@@ -22,8 +24,6 @@ from seed_fairseq.hf.dupmae_head import (
     cls_projection_from_vectors,
     load_head,
 )
-from seed_fairseq.retrieval import dupmae as rd
-from seed_fairseq.retrieval.data import DataFormatError, load_data, write_beir
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 SPECIAL = [0, 1, 2, 3, 40]  # <s> <pad> </s> <unk> ... <mask>
@@ -305,7 +305,7 @@ def _fairseq_model(ckpt, data):
 
 @pytest.mark.slow
 def test_export_writes_the_representation_fairseq_computes(dupmae_export, dupmae_checkpoint, demo_data_bin):
-    from seed_fairseq.retrieval.search import load_model
+    from seed_fairseq.encoders.retrieval.search import load_model
 
     record = json.loads((dupmae_export / "seed_fairseq_export.json").read_text())
     assert record["representation"] == "dupmae" and {CONFIG_FILE, WEIGHTS_FILE} <= set(record["files"])
@@ -370,8 +370,8 @@ def test_retromae_exports_cls_unless_asked(demo_data_bin, tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_and_finetune_with_the_dupmae_representation(dupmae_export, retrieval_set, tmp_path):
-    from seed_fairseq.retrieval.metrics import read_trec_run
-    from seed_fairseq.retrieval.search import load_model
+    from seed_fairseq.encoders.retrieval.metrics import read_trec_run
+    from seed_fairseq.encoders.retrieval.search import load_model
 
     last_json(
         retrieval_cli(

@@ -20,10 +20,10 @@ from objectives import BY_NAME
 from test_contract import records
 from test_hf_continue import continue_cmd
 
-from seed_fairseq.errors import ConfigurationError
-from seed_fairseq.fairseq_patches.optimizer_groups import GROUP_KEY, recut, split_groups
-from seed_fairseq.tasks import encoder_lr
-from seed_fairseq.tasks.encoder_lr import EMBEDDINGS, HEADS, EncoderSchedule, group_of, layer_label
+from seed_fairseq.base.errors import ConfigurationError
+from seed_fairseq.pretrain.fairseq_patches.optimizer_groups import GROUP_KEY, recut, split_groups
+from seed_fairseq.pretrain.tasks import encoder_lr
+from seed_fairseq.pretrain.tasks.encoder_lr import EMBEDDINGS, HEADS, EncoderSchedule, group_of, layer_label
 
 
 class Cfg:
@@ -131,7 +131,7 @@ def test_a_saved_state_is_re_cut_to_the_current_groups_and_steps_the_same():
 
 
 def test_the_task_steps_each_group_at_its_factor_and_puts_the_schedule_back():
-    from seed_fairseq.tasks.bottleneck_pretrain import BottleneckPretrainTask
+    from seed_fairseq.pretrain.tasks.bottleneck_pretrain import BottleneckPretrainTask
 
     seen = []
 
@@ -161,7 +161,7 @@ def test_the_task_steps_each_group_at_its_factor_and_puts_the_schedule_back():
 @pytest.fixture(scope="module")
 def xlmr(tmp_path_factory):
     from preprocess.build import build
-    from seed_fairseq.hf.import_ import import_model
+    from seed_fairseq.encoders.hf.import_ import import_model
 
     root = tmp_path_factory.mktemp("encoder_lr")
     imp = import_model(SAVERS["xlmr"](root / "hf"), root / "import")
@@ -170,7 +170,7 @@ def xlmr(tmp_path_factory):
 
 
 def split_state(path):
-    from seed_fairseq.checkpoint import load_torch_file
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
 
     model = load_torch_file(str(path))["model"]
     return (
@@ -199,7 +199,7 @@ def test_the_freeze_holds_the_encoder_exactly_and_a_resume_continues_exactly(xlm
         assert not torch.equal(frozen_heads[k], start_heads[k]), k
     assert any(k.startswith("weak_decoder.") for k in frozen_heads)
     # the encoder's gradients were zeroed: Adam's moments of its groups are still empty
-    from seed_fairseq.checkpoint import load_torch_file
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
 
     optim = load_torch_file(str(tmp_path / "a" / "checkpoint_1_2.pt"))["last_optimizer_state"]
     encoder_groups = [g for g in optim["param_groups"] if g[GROUP_KEY] != HEADS]

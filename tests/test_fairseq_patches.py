@@ -1,4 +1,4 @@
-"""The table of fairseq patches (``seed_fairseq.fairseq_patches.PATCHES``) against the installed fairseq.
+"""The table of fairseq patches (``seed_fairseq.pretrain.fairseq_patches.PATCHES``) against the installed fairseq.
 
 A fresh interpreter imports the targeted fairseq modules before the plugin, keeps every
 attribute of every loaded fairseq module and of the classes defined there, then imports
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from seed_fairseq.fairseq_patches import PATCHES
+from seed_fairseq.pretrain.fairseq_patches import PATCHES
 
 PROBE = r"""
 import ast, fnmatch, importlib, inspect, json, re, sys, types
@@ -74,7 +74,7 @@ def resolve(snap, module, dotted):
 
 before = snapshot()
 import seed_fairseq  # fairseq is imported: the plugin registers and applies the patches
-from seed_fairseq import fairseq_patches
+from seed_fairseq.pretrain import fairseq_patches
 
 fairseq_patches.apply()
 after = snapshot()
@@ -162,11 +162,15 @@ def test_one_row_per_target_each_with_a_reason():
     assert all(patch.why and patch.fairseq for patch in PATCHES)
 
 
-def test_the_old_import_path_is_the_package():
-    from seed_fairseq import compat, fairseq_patches
+def test_the_0_1_module_applies_the_patches():
+    import torch
+    from fairseq import checkpoint_utils
 
-    assert compat is fairseq_patches
-    assert compat.one_line_errors is fairseq_patches.user_errors.one_line_errors
+    from seed_fairseq import compat
+    from seed_fairseq.pretrain import fairseq_patches
+
+    assert compat.install is fairseq_patches.apply
+    assert checkpoint_utils.torch is not torch  # the first row of PATCHES: fairseq's checkpoint code sees its own
 
 
 def test_the_stoppable_consumer_passes_every_item_then_the_sentinel():

@@ -24,13 +24,13 @@ from helpers import DEMO_CORPUS
 from hf_models import roberta_tokenizer, save_bert
 from objectives import TINY_ENCODER
 
-from seed_fairseq.adapt import cli as adapt_cli
-from seed_fairseq.adapt import study
-from seed_fairseq.compare import cli as compare_cli
-from seed_fairseq.compare.checks import glue_option_values
-from seed_fairseq.retrieval.data import derive_retrieval_set
-from seed_fairseq.retrieval.evaluate import evaluate_model
-from seed_fairseq.retrieval.metrics import check_depth, measured_at
+from seed_fairseq.base.retrieval_data import derive_retrieval_set
+from seed_fairseq.encoders.retrieval.evaluate import evaluate_model
+from seed_fairseq.encoders.retrieval.metrics import check_depth, measured_at
+from seed_fairseq.workflows.adapt import cli as adapt_cli
+from seed_fairseq.workflows.adapt import study
+from seed_fairseq.workflows.compare import cli as compare_cli
+from seed_fairseq.workflows.kit.checks import glue_option_values
 
 COMPARE = ["--objectives", "seed", "--vocab-size", "400", "--valid-docs", "4", "--updates", "4", "--warmup", "1",
            "--encoder-args", " ".join(TINY_ENCODER), "--tokens-per-sample", "32", "--batch-size", "8",

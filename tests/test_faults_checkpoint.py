@@ -358,7 +358,7 @@ def test_log_interval_without_masked_tokens_does_not_crash():
     """A batch with no masked token (short blocks, small batch) crashed every worker."""
     from fairseq import metrics
 
-    from seed_fairseq.criterions.seed_pretrain import SeedPretrainCriterion
+    from seed_fairseq.pretrain.criterions.seed_pretrain import SeedPretrainCriterion
 
     log = {
         "loss": 1.0,
@@ -423,7 +423,7 @@ def test_drop_heads_file_size_limit_is_one_line(tmp_path, capsys):
 
     from helpers import REPO
 
-    from seed_fairseq.drop_heads import main
+    from seed_fairseq.encoders.drop_heads import main
 
     fixture = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
     out = tmp_path / "out" / "encoder.pt"

@@ -23,7 +23,7 @@ SOURCES = ("bert", "roberta", "scratch")
 def starts(tmp_path_factory, demo_data_bin):
     """source -> (data folder, encoder options, start checkpoint or None, eps the encoder computes with);
     an import folder is the data folder of its continued checkpoints (dict.txt and tokenizer)"""
-    from seed_fairseq.hf.import_ import import_model
+    from seed_fairseq.encoders.hf.import_ import import_model
 
     root = tmp_path_factory.mktemp("arch")
     out = {"scratch": (demo_data_bin, list(TINY_ENCODER), None, 1e-5)}
@@ -41,8 +41,8 @@ def continued(obj, start, path):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from seed_fairseq.checkpoint import load_torch_file, save_atomic
-    from seed_fairseq.hf.import_ import checkpoint_dict
+    from seed_fairseq.encoders.hf.import_ import checkpoint_dict
+    from seed_fairseq.pretrain.checkpoint import load_torch_file, save_atomic
 
     data, encoder_args, start_ckpt, _ = start
     objective = ["--task", obj.task, "--criterion", obj.criterion, "--arch", obj.arch, *obj.model_args]
@@ -106,8 +106,8 @@ def layer_norm_eps(model):
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_drop_heads_keeps_every_architecture_fact(source, starts, tmp_path, tmp_path_factory):
-    from seed_fairseq.checkpoint import load_torch_file
-    from seed_fairseq.drop_heads import write_encoder_checkpoint
+    from seed_fairseq.encoders.drop_heads import write_encoder_checkpoint
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
 
     data, _, _, eps = starts[source]
     made = checkpoints(source, starts, tmp_path_factory)
@@ -130,7 +130,7 @@ def folder_ids(data, n_symbols):
     """The exported folder's id of each fairseq id (an import of BERT reorders them)."""
     import json
 
-    from seed_fairseq.vocabulary.tokenizer import fairseq_to_hf_from_record
+    from seed_fairseq.base.vocabulary.tokenizer import fairseq_to_hf_from_record
 
     record = data / "hf_tokenizer.json"
     if not record.is_file():
@@ -144,9 +144,9 @@ def test_export_keeps_every_architecture_fact(source, starts, tmp_path, tmp_path
     count), and the encoder-only checkpoint of one; each checked against fairseq here."""
     from transformers import AutoModel
 
-    from seed_fairseq.drop_heads import write_encoder_checkpoint
-    from seed_fairseq.dupmae.head import load_head
-    from seed_fairseq.hf.export import export
+    from seed_fairseq.encoders.drop_heads import write_encoder_checkpoint
+    from seed_fairseq.encoders.dupmae.head import load_head
+    from seed_fairseq.encoders.hf.export import export
 
     data, _, _, eps = starts[source]
     made = dict(checkpoints(source, starts, tmp_path_factory))
@@ -177,8 +177,8 @@ def test_the_architecture_read_from_an_import_is_the_models(family, starts):
     checkpoint (``checkpoint.encoder_architecture``), and the export's config.json says the same."""
     import json
 
-    from seed_fairseq.checkpoint import encoder_architecture, load_torch_file
-    from seed_fairseq.hf.export import ACTIVATIONS, hf_config
+    from seed_fairseq.encoders.hf.export import ACTIVATIONS, hf_config
+    from seed_fairseq.pretrain.checkpoint import encoder_architecture, load_torch_file
 
     imp = starts[family][0]
     hf = json.loads((imp.parent / f"hf_{family}" / "config.json").read_text())

@@ -59,8 +59,8 @@ REBUILT_FROM_CONFIG = {"encoder-size-a-string"}
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory):
     """name -> a copy of the 0.1 fixture's checkpoint with one entry broken (written with torch.save)."""
-    from seed_fairseq.checkpoint import load_torch_file
-    from seed_fairseq.vocabulary.dictionary import dictionary_sha256
+    from seed_fairseq.base.vocabulary.dictionary import dictionary_sha256
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
 
     good = load_torch_file(FIXTURE / "checkpoint_1_3.pt")
     sha = dictionary_sha256(FIXTURE / "data-bin" / "dict.txt")  # the fixture's own (0.1 recorded none)
@@ -85,7 +85,7 @@ def _one_error_line(code, err, path, says):
 
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_drop_heads_and_export_say_which_entry(name, broken, tmp_path, capsys):
-    from seed_fairseq.drop_heads import main as drop_heads
+    from seed_fairseq.encoders.drop_heads import main as drop_heads
 
     ckpt, says = broken[name], BROKEN[name][1]
     code = drop_heads([str(ckpt), str(tmp_path / "encoder.pt"), "--data", str(FIXTURE / "data-bin")])
@@ -127,8 +127,8 @@ def trainer_for(tmp_path_factory):
 def test_restore_file_says_which_entry(name, broken, trainer_for):
     from fairseq import checkpoint_utils
 
-    from seed_fairseq.checkpoint import CheckpointError
-    from seed_fairseq.fairseq_patches import user_error_line
+    from seed_fairseq.pretrain.checkpoint import CheckpointError
+    from seed_fairseq.pretrain.fairseq_patches import user_error_line
 
     ckpt, says = broken[name], BROKEN[name][1]
     checkpoint_cfg, trainer = trainer_for(ckpt)

@@ -22,7 +22,7 @@ FIXTURE = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
 @pytest.fixture
 def signal_during_save(monkeypatch):
     """``arm(signum)``: the next file ``checkpoint.torch_save`` writes gets ``signum`` on its 3rd write."""
-    from seed_fairseq import checkpoint
+    from seed_fairseq.pretrain import checkpoint
 
     armed = []
 
@@ -54,7 +54,7 @@ def signal_during_save(monkeypatch):
 
 
 def test_the_shared_save_raises_what_stopped_it(signal_during_save, tmp_path):
-    from seed_fairseq.checkpoint import save_atomic
+    from seed_fairseq.pretrain.checkpoint import save_atomic
 
     state = {"model": {"w": torch.zeros(1000)}}
     target = tmp_path / "checkpoint.pt"
@@ -85,7 +85,7 @@ def _one_interrupted_line(code, err):
 
 
 def test_drop_heads_interrupted_while_writing(signal_during_save, tmp_path, capsys):
-    from seed_fairseq.drop_heads import main
+    from seed_fairseq.encoders.drop_heads import main
 
     out = tmp_path / "out" / "encoder.pt"
     out.parent.mkdir()

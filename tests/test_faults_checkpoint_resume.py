@@ -92,7 +92,7 @@ def test_rerun_resumes_the_runs_own_checkpoint_not_the_start_model(run_dir, capl
 def test_unreadable_checkpoints_are_refused_not_overwritten(run_dir):
     from fairseq import checkpoint_utils
 
-    from seed_fairseq.checkpoint import CheckpointError
+    from seed_fairseq.pretrain.checkpoint import CheckpointError
 
     data, save, start, _ = run_dir
     with open(save / "checkpoint_1_2.pt", "r+b") as f:

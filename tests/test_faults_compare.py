@@ -1,4 +1,4 @@
-"""Faults of the comparison driver (examples/compare_objectives.py, seed_fairseq.compare).
+"""Faults of the comparison driver (examples/compare_objectives.py, seed_fairseq.workflows.compare).
 
 * A signal to the driver stops its children: SIGINT/SIGTERM/SIGHUP stop the
   running tool with its process group and exit 128 + the signal with one line;
@@ -28,11 +28,12 @@ import pytest
 from helpers import DEMO_CORPUS, REPO
 from objectives import TINY_ENCODER
 
-from seed_fairseq.compare import cli
-from seed_fairseq.compare.heldout import count_blocks, first_batch_blocks
-from seed_fairseq.compare.interrupt import GRACE_SECONDS
-from seed_fairseq.compare.pipeline import Comparison, StageError, claim_out
-from seed_fairseq.retrieval.data import split_sentences
+from seed_fairseq.base.retrieval_data import split_sentences
+from seed_fairseq.workflows.compare import cli
+from seed_fairseq.workflows.compare.pipeline import Comparison
+from seed_fairseq.workflows.kit.heldout import count_blocks, first_batch_blocks
+from seed_fairseq.workflows.kit.interrupt import GRACE_SECONDS
+from seed_fairseq.workflows.kit.layout import StageError, claim_out
 
 TINY_ENC = " ".join(TINY_ENCODER)
 TINY = [
@@ -116,7 +117,7 @@ with m.handle_interrupts():
 def _start_tree(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    interrupt_py = REPO / "seed_fairseq" / "compare" / "interrupt.py"
+    interrupt_py = REPO / "seed_fairseq" / "workflows" / "kit" / "interrupt.py"
     driver = subprocess.Popen([sys.executable, script, interrupt_py], stdout=subprocess.PIPE, text=True)
     worker = int(driver.stdout.readline())  # the child is running and has started its worker
     (child,) = _children(driver.pid)

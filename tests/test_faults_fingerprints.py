@@ -35,13 +35,13 @@ from preprocess.stages import (
     UndeclaredInput,
     field_value,
 )
-from seed_fairseq.adapt import cli as adapt_cli
-from seed_fairseq.adapt import study
-from seed_fairseq.adapt.pipeline import Adaptation
-from seed_fairseq.adapt.report import finetune_settings
-from seed_fairseq.compare import cli as compare_cli
-from seed_fairseq.compare.pipeline import Comparison
-from seed_fairseq.retrieval.data import derive_retrieval_set
+from seed_fairseq.base.retrieval_data import derive_retrieval_set
+from seed_fairseq.workflows.adapt import cli as adapt_cli
+from seed_fairseq.workflows.adapt import study
+from seed_fairseq.workflows.adapt.pipeline import Adaptation
+from seed_fairseq.workflows.adapt.report import finetune_settings
+from seed_fairseq.workflows.compare import cli as compare_cli
+from seed_fairseq.workflows.compare.pipeline import Comparison
 
 ADAPT = ["--objective", "simlm", "--updates", "4", "--batch-size", "8", "--validate-every", "2", "--resamples", "100"]
 STUDY = ["--objectives", "seed,simlm", "--arms", "none,safeguarded", "--seeds", "1,2", "--updates", "4",
@@ -285,8 +285,8 @@ def test_the_training_stages_read_only_what_they_declare(tmp_path, bert, beir, m
     """The real bodies of the stages that run fairseq-train (and of the FLOPs count), with
     fairseq-train and the counter replaced by stand-ins that keep the command: every variant's
     arguments are built under the guard, in a second (the end-to-end tests train one variant each)."""
-    from seed_fairseq.adapt import pipeline as adapt_pipeline
-    from seed_fairseq.compare import pipeline as compare_pipeline
+    from seed_fairseq.workflows.adapt import pipeline as adapt_pipeline
+    from seed_fairseq.workflows.compare import pipeline as compare_pipeline
 
     commands = []
     for module in (adapt_pipeline, compare_pipeline):

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from seed_fairseq.gpucheck import budget as budget_mod
-from seed_fairseq.gpucheck import cli, report
-from seed_fairseq.gpucheck.profile import dry_run_profile
+from seed_fairseq.workflows.gpucheck import budget as budget_mod
+from seed_fairseq.workflows.gpucheck import cli, report
+from seed_fairseq.workflows.gpucheck.profile import dry_run_profile
 
 
 def one_error_line(capsys, code, expected_code=2):
@@ -162,7 +162,7 @@ def test_a_full_disk_while_building_the_data_is_one_error_line(tmp_path):
     with EFBIG as they fail with ENOSPC on a full disk)."""
     out = tmp_path / "out"
     proc = subprocess.run(
-        ["bash", "-c", 'ulimit -f 64 && exec "$@"', "limited", sys.executable, "-m", "seed_fairseq.gpucheck",
+        ["bash", "-c", 'ulimit -f 64 && exec "$@"', "limited", sys.executable, "-m", "seed_fairseq.workflows.gpucheck",
          "--dry-run", "--out", str(out)],  # fmt: skip
         capture_output=True,
         text=True,
@@ -244,7 +244,7 @@ def test_each_run_takes_the_updates_its_share_holds(tmp_path, monkeypatch):
     the whole budget; a budget that cannot hold 3 is "not run"."""
     from test_gpu_check import FakeRun
 
-    from seed_fairseq.gpucheck import runs
+    from seed_fairseq.workflows.gpucheck import runs
 
     monkeypatch.setattr(runs, "Run", FakeRun)
 
@@ -286,7 +286,7 @@ FAKE_TRAIN = textwrap.dedent(
 DRIVER = textwrap.dedent(
     """\
     import sys
-    from seed_fairseq.gpucheck import checks, cli
+    from seed_fairseq.workflows.gpucheck import checks, cli
 
     checks.train_program = lambda: sys.argv[1]
 

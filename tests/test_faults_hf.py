@@ -89,7 +89,7 @@ def test_fp16_model_imports_in_fp32(roberta, tmp_path):
 def test_bf16_weights_are_read_as_fp32_and_the_reference_loads_in_fp32(roberta, tmp_path):
     from transformers import AutoModel
 
-    from seed_fairseq.hf.import_ import _load_hf, read_source
+    from seed_fairseq.encoders.hf.import_ import _load_hf, read_source
 
     brain = tmp_path / "roberta-bf16"
     shutil.copytree(roberta, brain)
@@ -245,7 +245,7 @@ def test_tokenizer_fit_allows_padded_embeddings_only(roberta):
     fewer rows than ids, never a near-empty tokenizer."""
     from transformers import AutoTokenizer
 
-    from seed_fairseq.vocabulary.tokenizer import TokenizerError, check_tokenizer_fits
+    from seed_fairseq.base.vocabulary.tokenizer import TokenizerError, check_tokenizer_fits
 
     tok = AutoTokenizer.from_pretrained(str(roberta))
     n = len(tok)  # 402: up to 12 spare rows

@@ -1,4 +1,4 @@
-"""Fault injection for the file-ownership rule every tool shares (seed_fairseq/fileio/ownership.py).
+"""Fault injection for the file-ownership rule every tool shares (seed_fairseq/base/fileio/ownership.py).
 
 A tool replaces or deletes exactly the files its own record lists, and nothing
 through a symbolic link: a user's notes or save-dir inside ``--out`` survive
@@ -23,8 +23,8 @@ from helpers import DEMO_CORPUS, REPO, load_driver
 from hf_models import save_bert
 from test_retrieval import make_tiny_model
 
-from seed_fairseq import fileio
-from seed_fairseq.fileio import STAGING_MARK, OutputError, delete_listed, owned_output
+from seed_fairseq.base import fileio
+from seed_fairseq.base.fileio import STAGING_MARK, OutputError, delete_listed, owned_output
 
 FIXTURE = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
 CKPT, DATA = FIXTURE / "checkpoint_1_3.pt", FIXTURE / "data-bin"
@@ -94,13 +94,13 @@ def test_delete_listed_never_leaves_out(tmp_path):
 
 
 def export(out, **kw):
-    from seed_fairseq.hf.export import export as run_export
+    from seed_fairseq.encoders.hf.export import export as run_export
 
     return run_export(CKPT, DATA, out, **kw)
 
 
 def test_export_force_replaces_exactly_its_files(tmp_path):
-    from seed_fairseq.hf.export import EXPORT_RECORD, ExportError
+    from seed_fairseq.encoders.hf.export import EXPORT_RECORD, ExportError
 
     out = tmp_path / "hf"
     export(out)
@@ -123,7 +123,7 @@ def test_export_force_replaces_exactly_its_files(tmp_path):
 
 
 def test_export_killed_half_way_is_completed_by_the_rerun(tmp_path, monkeypatch):
-    from seed_fairseq.hf.export import EXPORT_RECORD
+    from seed_fairseq.encoders.hf.export import EXPORT_RECORD
 
     out = tmp_path / "hf"
     export(out)
@@ -149,7 +149,7 @@ def test_export_killed_half_way_is_completed_by_the_rerun(tmp_path, monkeypatch)
 
 
 def test_export_full_disk_is_one_line_and_changes_nothing(tmp_path, monkeypatch):
-    import seed_fairseq.hf.export as export_mod
+    import seed_fairseq.encoders.hf.export as export_mod
 
     out = tmp_path / "hf"
     export(out)
@@ -192,7 +192,7 @@ def test_export_file_size_limit_is_one_line(tmp_path, capsys):
 
 
 def test_import_force_keeps_user_files_and_never_deletes_through_a_link(tmp_path):
-    from seed_fairseq.hf.import_ import IMPORT_RECORD, HFImportError, import_model
+    from seed_fairseq.encoders.hf.import_ import IMPORT_RECORD, HFImportError, import_model
 
     bert = save_bert(tmp_path / "bert")
     out = tmp_path / "imported"
@@ -281,7 +281,7 @@ def test_finetune_rerun_needs_force_and_keeps_user_files(tiny_model, tmp_path, c
 
 
 def test_finetune_sigterm_and_kill_leave_no_staging(tiny_model, tmp_path, monkeypatch):
-    import seed_fairseq.retrieval.training as training
+    import seed_fairseq.encoders.retrieval.training as training
 
     data, out = beir(tmp_path), tmp_path / "deep" / "ft"
     out.parent.mkdir()
@@ -320,8 +320,8 @@ def test_finetune_sigterm_and_kill_leave_no_staging(tiny_model, tmp_path, monkey
 
 def comparison(out, **changes):
     """The comparison's real stages and folders, with stage bodies that only write their files."""
-    from seed_fairseq.compare import cli
-    from seed_fairseq.compare.pipeline import Comparison
+    from seed_fairseq.workflows.compare import cli
+    from seed_fairseq.workflows.compare.pipeline import Comparison
 
     argv = ["--out", str(out), "--corpus", str(DEMO_CORPUS), "--objectives", "seed", "--seeds", "1"]
     plan = cli.build_plan(cli.parser().parse_args(argv), argv, "test")

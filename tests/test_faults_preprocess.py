@@ -757,7 +757,7 @@ def test_real_small_dump_with_default_held_out_sizes(tmp_path, capsys, log):
 
 
 def test_record_carries_the_dictionary_sha256(tmp_path, text_file, capsys):
-    from seed_fairseq.vocabulary.dictionary import dictionary_sha256
+    from seed_fairseq.base.vocabulary.dictionary import dictionary_sha256
 
     out = tmp_path / "out"
     code, err = build(capsys, "--text", text_file, "--out", out, *SMALL, "--shards", 2)

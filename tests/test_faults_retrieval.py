@@ -19,23 +19,23 @@ from hf_models import minilm_dir
 from test_faults_hf import broken_copy, refused
 from test_retrieval import make_tiny_model
 
-from seed_fairseq.fileio import OutputError
-from seed_fairseq.retrieval.bm25 import BM25
-from seed_fairseq.retrieval.data import DataFormatError, RetrievalData, load_data
-from seed_fairseq.retrieval.metrics import (
+from seed_fairseq.base.fileio import OutputError
+from seed_fairseq.base.retrieval_data import DataFormatError, RetrievalData, load_data
+from seed_fairseq.encoders.retrieval.batching import sample_negatives
+from seed_fairseq.encoders.retrieval.bm25 import BM25
+from seed_fairseq.encoders.retrieval.metrics import (
     aggregate,
     evaluate,
     per_query,
     permutation_test,
     write_trec_run,
 )
-from seed_fairseq.retrieval.search import SearchError, build_index
-from seed_fairseq.retrieval.training import (
+from seed_fairseq.encoders.retrieval.search import SearchError, build_index
+from seed_fairseq.encoders.retrieval.training import (
     FinetuneConfig,
     NoDuplicateBatches,
     build_examples,
     check_training_data,
-    sample_negatives,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -295,7 +295,7 @@ def test_missing_model_folder(tmp_path):
 def test_max_seq_length_beyond_the_positions_is_capped(tiny_model, capsys):
     """Sibling: reproduce_small's default --max-seq-length 128 on a model with 64
     positions was an index error on the first long text."""
-    from seed_fairseq.retrieval.search import encode, load_model
+    from seed_fairseq.encoders.retrieval.search import encode, load_model
 
     model = load_model(tiny_model, "cpu", 500)
     assert model.max_seq_length == 64 and "using 64" in capsys.readouterr().err
@@ -484,7 +484,7 @@ def test_finetune_interrupted_leaves_nothing(tiny_model, tmp_path, monkeypatch):
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
 
-    import seed_fairseq.retrieval.training as training
+    import seed_fairseq.encoders.retrieval.training as training
 
     monkeypatch.setattr(training, "finetune", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -645,7 +645,7 @@ def test_bad_flag_via_subprocess(tmp_path):
 
 def _no_encoding_or_training(monkeypatch):
     """Fail the test if any text is encoded or any training starts."""
-    from seed_fairseq.retrieval import search, training
+    from seed_fairseq.encoders.retrieval import search, training
 
     def forbidden(*args, **kwargs):
         raise AssertionError("encoded or trained before the model folder was refused")
@@ -704,7 +704,7 @@ def test_broken_model_folder_is_one_error_line(tiny_model, tmp_path, capsys, mon
 
 def test_real_model_passes_the_checks():
     """No false alarm on a real sentence-transformers folder (BERT, vocab.txt + tokenizer.json)."""
-    from seed_fairseq.retrieval.search import load_model
+    from seed_fairseq.encoders.retrieval.search import load_model
 
     path = minilm_dir()
     if path is None:
@@ -714,9 +714,9 @@ def test_real_model_passes_the_checks():
 
 
 def test_dupmae_head_of_another_model_is_refused(tiny_model, tmp_path):
-    from seed_fairseq.hf.dupmae_head import DupMAEHead
-    from seed_fairseq.retrieval.dupmae import load_dupmae_model
-    from seed_fairseq.retrieval.search import load_model
+    from seed_fairseq.encoders.dupmae.head import DupMAEHead
+    from seed_fairseq.encoders.dupmae.retriever import load_dupmae_model
+    from seed_fairseq.encoders.retrieval.search import load_model
 
     model = load_model(tiny_model, "cpu")
     rows = model[0].auto_model.get_input_embeddings().num_embeddings

@@ -19,10 +19,10 @@ from helpers import run, train_cmd
 from objectives import OBJECTIVES
 from test_contract import build
 
-from seed_fairseq import fairseq_patches, savedir
-from seed_fairseq.criterions.cpdae_pretrain import check_two_texts_per_batch
-from seed_fairseq.diagnostics import probe_pairs
-from seed_fairseq.errors import ConfigurationError
+from seed_fairseq.base.errors import ConfigurationError
+from seed_fairseq.pretrain import fairseq_patches, savedir
+from seed_fairseq.pretrain.criterions.cpdae_pretrain import check_two_texts_per_batch
+from seed_fairseq.pretrain.diagnostics import probe_pairs
 
 
 def _stderr_lines(proc):
@@ -110,7 +110,7 @@ def test_only_staging_files_of_checkpoints_are_removed(tmp_path):
 def test_full_disk_is_one_line_and_leaves_the_old_checkpoint(tmp_path, monkeypatch, capsys):
     from fairseq import checkpoint_utils
 
-    from seed_fairseq import checkpoint
+    from seed_fairseq.pretrain import checkpoint
 
     target = tmp_path / "checkpoint_last.pt"
     target.write_bytes(b"old")
@@ -242,7 +242,7 @@ def test_probe_larger_than_the_validation_split_and_max_tokens_below_a_block_are
 def test_every_model_of_the_plugin_checks_its_positions():
     from fairseq.models import MODEL_REGISTRY
 
-    from seed_fairseq.models.bottleneck import BottleneckEncoderModel
+    from seed_fairseq.pretrain.models.bottleneck import BottleneckEncoderModel
 
     ours = {name: cls for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("seed_fairseq.")}
     assert set(ours) == {"seed_encoder", "simlm", "cpdae", "retromae"}
@@ -252,8 +252,8 @@ def test_every_model_of_the_plugin_checks_its_positions():
 def test_restoring_a_model_with_fewer_positions_than_a_block_is_refused(demo_data_bin):
     """An imported model restored without the --max-positions of its model_args.txt: the
     checkpoint is refused before fairseq's "please ensure that the architectures match"."""
-    from seed_fairseq.checkpoint import CheckpointError
-    from seed_fairseq.tasks.bottleneck_pretrain import POSITIONS_KEY
+    from seed_fairseq.pretrain.checkpoint import CheckpointError
+    from seed_fairseq.pretrain.tasks.bottleneck_pretrain import POSITIONS_KEY
 
     task, *_ = build_task_model(demo_data_bin, tokens_per_sample=64)
     state = {"model": {POSITIONS_KEY: torch.zeros(32 + 2, 8)}, "task_state": task.state_dict()}
@@ -325,7 +325,7 @@ def test_truncated_split_files_name_the_file(demo_data_bin, tmp_path):
 def test_data_path_with_a_colon_names_the_cause(demo_data_bin, tmp_path):
     from types import SimpleNamespace
 
-    from seed_fairseq.tasks.bottleneck_pretrain import BottleneckPretrainTask
+    from seed_fairseq.pretrain.tasks.bottleneck_pretrain import BottleneckPretrainTask
 
     data = tmp_path / "runs:2024"
     data.symlink_to(demo_data_bin)
@@ -343,7 +343,7 @@ def test_data_path_with_a_colon_names_the_cause(demo_data_bin, tmp_path):
 def test_checkpoint_write_error_recovers_the_cause_from_torch(tmp_path, monkeypatch):
     """torch.save reports a failed write as RuntimeError("unexpected pos ..."); save_atomic
     raises the OSError instead, naming the target, and leaves nothing behind."""
-    from seed_fairseq import checkpoint
+    from seed_fairseq.pretrain import checkpoint
 
     class SizeLimited:
         def __init__(self, path, mode):

@@ -19,7 +19,7 @@ import torch
 from helpers import REPO, USER_DIR, cli, load_driver, run
 from objectives import OBJECTIVES, TINY_ENCODER
 
-from seed_fairseq.checkpoint import (
+from seed_fairseq.pretrain.checkpoint import (
     CHECKPOINT_TYPES,
     CheckpointError,
     UntrustedCheckpointError,
@@ -159,7 +159,7 @@ def test_a_restart_does_not_fall_back_past_a_poisoned_checkpoint_last(tmp_path):
 
 
 def test_drop_heads_refuses_a_payload_and_trusts_on_request(tmp_path, capsys):
-    from seed_fairseq.drop_heads import main
+    from seed_fairseq.encoders.drop_heads import main
 
     path, marker = poisoned(tmp_path)
     out = tmp_path / "enc.pt"
@@ -172,7 +172,7 @@ def test_drop_heads_refuses_a_payload_and_trusts_on_request(tmp_path, capsys):
 
 
 def test_drop_heads_does_not_load_a_payload_at_out_even_when_trusting_the_input(tmp_path, capsys):
-    from seed_fairseq.drop_heads import main
+    from seed_fairseq.encoders.drop_heads import main
 
     out, marker = poisoned(tmp_path, "enc.pt")
     assert main([str(CKPT), str(out), "--data", str(DATA), "--trust-checkpoint"]) == 2
@@ -181,7 +181,7 @@ def test_drop_heads_does_not_load_a_payload_at_out_even_when_trusting_the_input(
 
 
 def test_export_refuses_a_payload_and_trusts_on_request(tmp_path, capsys):
-    from seed_fairseq.hf.export import load_inputs
+    from seed_fairseq.encoders.hf.export import load_inputs
 
     path, marker = poisoned(tmp_path)
     driver = load_driver("examples/export_to_hf.py")
@@ -304,7 +304,7 @@ def test_a_pytorch_model_bin_with_a_payload_runs_nothing(tmp_path):
     """transformers 5 reads pytorch_model.bin with weights_only=True; so does the import's check."""
     from transformers import AutoModel
 
-    from seed_fairseq.hf.folder import HFFolderError, read_weights
+    from seed_fairseq.encoders.hf.folder import HFFolderError, read_weights
 
     folder, marker = _bert_folder_with_a_poisoned_bin(tmp_path)
     with pytest.raises(pickle.UnpicklingError, match="exec"):
@@ -358,8 +358,8 @@ def test_the_allowlist_loads_the_fixture_and_the_tools_outputs(tmp_path):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from seed_fairseq.drop_heads import write_encoder_checkpoint
-    from seed_fairseq.hf.import_ import checkpoint_dict
+    from seed_fairseq.encoders.drop_heads import write_encoder_checkpoint
+    from seed_fairseq.encoders.hf.import_ import checkpoint_dict
 
     assert_loads_under_the_allowlist(CKPT)  # the 0.1 format: argparse Namespace args
     assert_loads_under_the_allowlist(write_encoder_checkpoint(CKPT, tmp_path / "enc.pt", data=DATA))

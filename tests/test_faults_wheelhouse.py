@@ -2,7 +2,7 @@
 
 Item 15: ``make_wheelhouse.sh`` deleted whatever the old ``SHA256SUMS`` listed (``../x`` and absolute
 paths included), deleted before it knew it could finish, then said "left as it was".  Now the folder
-follows ``seed_fairseq.fileio``'s ownership rule: its record lists its files, a listing outside the
+follows ``seed_fairseq.base.fileio``'s ownership rule: its record lists its files, a listing outside the
 folder or a folder holding unlisted files is refused before anything is downloaded or deleted, and
 the new wheelhouse is built beside the old one and installed only when complete.
 

@@ -1,4 +1,5 @@
-"""Does one data-loader worker keep up with a GPU (seed_fairseq/compare/feed.py, benchmarks/data_pipeline.py)."""
+"""Does one data-loader worker keep up with a GPU (seed_fairseq/workflows/measure/feed.py,
+benchmarks/data_pipeline.py)."""
 
 import json
 import subprocess
@@ -8,7 +9,7 @@ import pytest
 from helpers import REPO
 from objectives import BY_NAME, TINY_ENCODER
 
-from seed_fairseq.compare import feed
+from seed_fairseq.workflows.measure import feed
 
 TOKENS = 61  # odd block length
 

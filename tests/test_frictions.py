@@ -69,7 +69,7 @@ def test_evaluation_prints_the_length_it_cuts_at_and_why(tiny_model, tmp_path, c
 def test_an_import_exports_without_data(tmp_path, capsys):
     from hf_models import save_bert
 
-    from seed_fairseq.hf.import_ import import_model
+    from seed_fairseq.encoders.hf.import_ import import_model
 
     source, imported, exported = save_bert(tmp_path / "bert"), tmp_path / "imported", tmp_path / "exported"
     import_model(source, imported)
@@ -125,7 +125,7 @@ HYDRA_AND_AUTOCAST = [  # the messages a CPU fairseq-train printed on stderr (be
 def test_known_harmless_warnings_are_filtered_and_only_those(monkeypatch):
     import warnings
 
-    from seed_fairseq.fairseq_patches import quiet_warnings
+    from seed_fairseq.pretrain.fairseq_patches import quiet_warnings
 
     monkeypatch.setattr(quiet_warnings.sys, "warnoptions", [])
     monkeypatch.setattr(quiet_warnings, "_installed", False)
@@ -165,7 +165,7 @@ def test_a_signal_while_staging_is_made_or_removed_leaves_nothing(tmp_path, monk
     moment after ``mkdir`` 2 times out of 5 and left an empty ``.ft.tmp-*`` folder."""
     import shutil
 
-    from seed_fairseq.fileio import ownership, staged_dir
+    from seed_fairseq.base.fileio import ownership, staged_dir
 
     def signalled(real, before):
         def call(*args, **kwargs):

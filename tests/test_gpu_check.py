@@ -7,9 +7,9 @@ import sys
 import pytest
 from helpers import REPO, run
 
-from seed_fairseq.gpucheck import cli, report
-from seed_fairseq.gpucheck.profile import device_family, peak_tflops
-from seed_fairseq.gpucheck.search import largest_batch
+from seed_fairseq.workflows.gpucheck import cli, report
+from seed_fairseq.workflows.gpucheck.profile import device_family, peak_tflops
+from seed_fairseq.workflows.gpucheck.search import largest_batch
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 OBJECTIVE_NAMES = ["seed", "seed_full", "mlm_only", "retromae", "dupmae", "simlm", "cpdae", "masked_lm"]
@@ -189,7 +189,7 @@ class FakeRun:
 
 
 def test_the_search_predicate_answers_out_of_memory_with_false(monkeypatch):
-    from seed_fairseq.gpucheck import runs
+    from seed_fairseq.workflows.gpucheck import runs
 
     monkeypatch.setattr(runs, "Run", FakeRun)
     probe = runs.fits("data", [], "cpu")
@@ -203,7 +203,7 @@ def test_the_search_predicate_answers_out_of_memory_with_false(monkeypatch):
 
 
 def test_an_overflowed_update_is_counted_not_a_nan_loss(monkeypatch):
-    from seed_fairseq.gpucheck import runs
+    from seed_fairseq.workflows.gpucheck import runs
 
     monkeypatch.setattr(runs, "Run", lambda data, args, device: FakeRun(data, args, device, overflow={2}))
     t = runs.train("data", [], "cpu", updates=6, batch=4)
@@ -220,7 +220,7 @@ def test_an_overflowed_update_is_counted_not_a_nan_loss(monkeypatch):
 def test_fairseq_overflow_notes_are_counted():
     import logging
 
-    from seed_fairseq.gpucheck.runs import _OverflowCounter, counting_overflows
+    from seed_fairseq.workflows.gpucheck.runs import _OverflowCounter, counting_overflows
 
     logger = logging.getLogger("fairseq.trainer")  # fairseq/trainer.py's logger, not configured here
     level = logger.level
@@ -236,8 +236,8 @@ def test_fairseq_overflow_notes_are_counted():
 def test_bf16_with_torch_xla_is_skipped_as_a_tpu_run(tmp_path, monkeypatch):
     """With torch_xla installed, fairseq 0.12's --bf16 means a TPU: the run is refused before anything
     is built (without it, the fix keeps bf16 on the device: tests/test_bf16.py)."""
-    from seed_fairseq.fairseq_patches import bf16_device
-    from seed_fairseq.gpucheck.runs import Run, Unsupported
+    from seed_fairseq.pretrain.fairseq_patches import bf16_device
+    from seed_fairseq.workflows.gpucheck.runs import Run, Unsupported
 
     monkeypatch.setattr(bf16_device, "xla_available", lambda: True)
     args = ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_base", "--bf16"]
@@ -263,7 +263,7 @@ def test_the_cuda_profile(monkeypatch, name, bf16, precisions, skipped):
     """What a GPU run checks, on a V100 (no bf16 units) and an H100."""
     import torch
 
-    from seed_fairseq.gpucheck.profile import cuda_profile
+    from seed_fairseq.workflows.gpucheck.profile import cuda_profile
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

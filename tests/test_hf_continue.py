@@ -36,7 +36,7 @@ def imported(tmp_path_factory):
     """family -> (HF folder, import folder, data-bin built with the model's tokenizer); the BERT is a
     sentence-transformers model with mean pooling and Normalize (all-MiniLM-L6-v2's representation)"""
     from preprocess.build import build
-    from seed_fairseq.hf.import_ import import_model
+    from seed_fairseq.encoders.hf.import_ import import_model
 
     root = tmp_path_factory.mktemp("hf_continue")
     out = {}
@@ -137,8 +137,8 @@ def test_simlm_refuses_an_import_without_mlm_head_as_generator(imported):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from seed_fairseq.checkpoint import CheckpointError
-    from seed_fairseq.generator import FrozenGenerator
+    from seed_fairseq.pretrain.checkpoint import CheckpointError
+    from seed_fairseq.pretrain.generator import FrozenGenerator
 
     simlm = BY_NAME["simlm"]
     for family in FAMILIES:
@@ -184,7 +184,7 @@ def test_every_objective_continues_from_the_real_minilm(tmp_path):
     """all-MiniLM-L6-v2 (a sentence-transformers BERT saved without MLM head): every objective,
     two updates with the warm-up docs/hf.md recommends (the first trains the fresh heads alone)."""
     from preprocess.build import build
-    from seed_fairseq.hf.import_ import import_model
+    from seed_fairseq.encoders.hf.import_ import import_model
 
     hf = minilm_dir()
     if hf is None:
@@ -239,7 +239,7 @@ def check_exported(obj, ckpt, hf, imp, data, out):
     """The export of a continued import: the model's own tokenizer and ids, features equal to fairseq's."""
     from transformers import AutoModel, AutoTokenizer
 
-    from seed_fairseq.vocabulary.tokenizer import fairseq_to_hf_from_record
+    from seed_fairseq.base.vocabulary.tokenizer import fairseq_to_hf_from_record
 
     check([sys.executable, EXPORT, "--checkpoint", ckpt, "--data", data, "--out", out], env=OFFLINE)
     original, written = AutoTokenizer.from_pretrained(str(hf)), AutoTokenizer.from_pretrained(str(out))
@@ -268,11 +268,11 @@ def test_comparison_init_pretrains_every_objective(imported, tmp_path):
     """``compare_objectives.py --init HF_DIR --objectives`` (all): its import, data, generator and
     pre-training stages (fine-tuning and evaluation are the scratch comparison's, test_compare.py)."""
     from preprocess.stages import Runner
-    from seed_fairseq.checkpoint import load_torch_file
-    from seed_fairseq.compare.cli import build_plan, parser
-    from seed_fairseq.compare.layout import STATE
-    from seed_fairseq.compare.objectives import ORDER
-    from seed_fairseq.compare.pipeline import Comparison
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
+    from seed_fairseq.workflows.compare.cli import build_plan, parser
+    from seed_fairseq.workflows.compare.pipeline import Comparison
+    from seed_fairseq.workflows.kit.layout import STATE
+    from seed_fairseq.workflows.kit.objectives import ORDER
 
     argv = ["--out", str(tmp_path / "cmp"), "--corpus", str(DEMO_CORPUS), "--init", str(imported["bert"][0])]
     argv += ["--objectives", ",".join(ORDER), "--updates", "1", "--warmup", "0", "--generator-updates", "1"]

@@ -68,7 +68,7 @@ def test_import_then_export_gives_back_the_model(family, tiny, tmp_path):
     assert vocab["identity_ids"] is (family != "bert")
     assert record["mlm_head"] == ("fresh" if family == "xlmr" else "imported")
     ckpt = torch.load(imported / "checkpoint.pt", weights_only=False)
-    from seed_fairseq.vocabulary.dictionary import dictionary_sha256
+    from seed_fairseq.base.vocabulary.dictionary import dictionary_sha256
 
     assert ckpt["task_state"]["dictionary_sha256"] == dictionary_sha256(imported / "dict.txt")
 
@@ -87,7 +87,7 @@ def test_real_minilm_round_trip(tmp_path):
 
 
 def test_dictionary_in_the_model_id_order(tiny):
-    from seed_fairseq.vocabulary.tokenizer import load_fast_tokenizer, vocab_from_tokenizer
+    from seed_fairseq.base.vocabulary.tokenizer import load_fast_tokenizer, vocab_from_tokenizer
 
     tok = load_fast_tokenizer(tiny["bert"])
     vocab = vocab_from_tokenizer(tok)
@@ -101,7 +101,7 @@ def test_dictionary_in_the_model_id_order(tiny):
 
 
 def test_word_starts_of_each_convention():
-    from seed_fairseq.vocabulary.tokenizer import word_start_table
+    from seed_fairseq.base.vocabulary.tokenizer import word_start_table
 
     def table(kind, marker, symbols):
         rec = {"word_boundary": {"kind": kind, "marker": marker}}
@@ -172,7 +172,7 @@ def test_preprocess_with_the_model_tokenizer(bert_data, bert_import, tiny):
     d = Dictionary.load(str(bert_data / "dict.txt"))
     valid = data_utils.load_indexed_dataset(str(bert_data / "valid"), d)
     vocab = json.loads((bert_data / "hf_tokenizer.json").read_text())
-    from seed_fairseq.vocabulary.tokenizer import fairseq_to_hf_from_record
+    from seed_fairseq.base.vocabulary.tokenizer import fairseq_to_hf_from_record
 
     to_hf = fairseq_to_hf_from_record(vocab)
     tok = AutoTokenizer.from_pretrained(str(tiny["bert"]))
@@ -213,7 +213,7 @@ def test_fairseq_train_continues_an_imported_model(bert_data, bert_import, tiny,
     model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)  # decoder kept fresh
     model.eval()
     batch, ref = hf_features(tiny["bert"], ODD_STRINGS[:-1])
-    from seed_fairseq.vocabulary.tokenizer import fairseq_to_hf_from_record
+    from seed_fairseq.base.vocabulary.tokenizer import fairseq_to_hf_from_record
 
     perm = fairseq_to_hf_from_record(json.loads((bert_import / "hf_tokenizer.json").read_text()))
     inverse = torch.empty(len(perm), dtype=torch.long)
@@ -309,7 +309,7 @@ SENTENCE_MODELS = {
 
 def small_retrieval_set():
     """A judged set in memory: 60 demo-corpus paragraphs, the first sentence of 12 of them as queries."""
-    from seed_fairseq.retrieval.data import RetrievalData
+    from seed_fairseq.base.retrieval_data import RetrievalData
 
     paragraphs = [line for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()][:60]
     corpus = {f"d{i}": p for i, p in enumerate(paragraphs)}
@@ -321,8 +321,8 @@ def same_model(given, written, data, max_seq_length=48):
     """The two folders as the retrieval tools load them, texts cut at ``max_seq_length`` tokens (the
     export's own limit is the model's positions, a sentence-transformers folder's may be lower):
     equal vectors (1e-5) and scores (1e-5, relative 1e-6 for large dot products), the same ranking."""
-    from seed_fairseq.retrieval.evaluate import evaluate_model
-    from seed_fairseq.retrieval.search import encode, load_model, similarity
+    from seed_fairseq.encoders.retrieval.evaluate import evaluate_model
+    from seed_fairseq.encoders.retrieval.search import encode, load_model, similarity
 
     a, b = (load_model(str(f), "cpu", max_seq_length) for f in (given, written))
     assert similarity(a) == similarity(b)
@@ -346,10 +346,10 @@ def test_a_sentence_model_is_imported_and_exported_with_its_representation(kind,
     checkpoint's task config, model_args.txt: what every objective continued from it trains);
     seed-drop-heads keeps them; the export writes the same modules back: the model as the retrieval
     tools load it gives the same vectors and the same runs as the model it came from."""
-    from seed_fairseq.checkpoint import peek_checkpoint, task_config
-    from seed_fairseq.drop_heads import write_encoder_checkpoint
-    from seed_fairseq.hf.export import export
-    from seed_fairseq.hf.import_ import import_model, read_model_args
+    from seed_fairseq.encoders.drop_heads import write_encoder_checkpoint
+    from seed_fairseq.encoders.hf.export import export
+    from seed_fairseq.encoders.hf.import_ import import_model, read_model_args
+    from seed_fairseq.pretrain.checkpoint import peek_checkpoint, task_config
 
     (pooling, normalize, declared), (want_pooling, want_similarity) = SENTENCE_MODELS[kind]
     model = save_sentence_model(tmp_path / "st", pooling, normalize, declared)
@@ -371,7 +371,7 @@ def test_a_sentence_model_is_imported_and_exported_with_its_representation(kind,
 
 
 def test_a_model_folder_without_sentence_transformers_modules_keeps_the_papers_representation(tiny):
-    from seed_fairseq.hf.import_ import model_args, read_source
+    from seed_fairseq.encoders.hf.import_ import model_args, read_source
 
     source = read_source(tiny["roberta"])
     assert source.representation.task_args() == ["--bottleneck-pooling", "cls", "--retrieval-similarity", "dot"]
@@ -432,7 +432,7 @@ def sentence_model(tmp_path_factory):
 def test_what_the_import_cannot_carry_is_one_error_line_before_anything_is_written(
     what, sentence_model, tmp_path, capsys
 ):
-    from seed_fairseq.hf.import_ import HFImportError, check_source
+    from seed_fairseq.encoders.hf.import_ import HFImportError, check_source
 
     change, file, problem = REFUSED[what]
     model = _copy(sentence_model, tmp_path / "st")
@@ -449,9 +449,9 @@ def test_what_the_import_cannot_carry_is_one_error_line_before_anything_is_writt
 def test_pooled_vectors_that_differ_from_sentence_transformers_are_never_written(sentence_model, tmp_path, monkeypatch):
     """The import compares fairseq's pooled vectors with SentenceTransformer's, the export its written
     modules with fairseq's: a representation read or written wrong is an error, and nothing appears."""
-    from seed_fairseq.hf import export as export_module
-    from seed_fairseq.hf import import_
-    from seed_fairseq.hf.sentence import Representation
+    from seed_fairseq.encoders.hf import export as export_module
+    from seed_fairseq.encoders.hf import import_
+    from seed_fairseq.encoders.hf.sentence import Representation
 
     imported = import_.import_model(sentence_model, tmp_path / "imported")  # mean pooling, dot
     real_save = export_module.save_sentence_transformer

@@ -1,84 +1,42 @@
-"""The package's import graph points one way (CONTRIBUTING.md, "Layers").
+"""The folders are the layers (CONTRIBUTING.md, "The house").
 
-The graph is read with ``ast`` from the source (every ``import`` statement,
-function-local ones included: a function-local import of a higher layer is
-still an upward dependency).  Modules are grouped into units; each unit has a
-rank, and an import may only point to a unit of the same or a lower rank.
-Cycles between modules are refused outright, even inside one unit.
+A module's path names its floor; no table lists modules.  From the bottom:
+
+    0  seed_fairseq/base/                       no fairseq, nothing else of the project
+    1  seed_fairseq/pretrain/   preprocess/     side by side
+    2  seed_fairseq/*.py                        the face: registration, the 0.1 module compat
+    3  seed_fairseq/encoders/
+    4  seed_fairseq/workflows/kit/   .../measure/        side by side: what the workflows share
+    5  every other folder of seed_fairseq/workflows/     side by side: compare, adapt, gpucheck, ...
+
+An import may point into its own room, or into a room of a lower floor: never up, and never
+into another room of its own floor (so no workflow imports another).  A room is a folder of a
+floor (``pretrain``, ``workflows/compare``), or the face.  The graph is read with ``ast``
+from the source (every ``import``, function-local ones included); cycles between modules are
+refused outright, even inside one room.
 """
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("seed_fairseq", "preprocess")
-
-# Low to high.  A module belongs to the unit of its longest matching prefix.
-LAYERS: List[List[str]] = [
-    # nothing of the plugin, nothing of fairseq at import time
-    [
-        "seed_fairseq.errors",
-        "seed_fairseq.fileio",
-        "seed_fairseq.vocabulary",
-        "seed_fairseq.retrieval_data",
-        "seed_fairseq.objectives",
-        "seed_fairseq.extensions",
-        "seed_fairseq._registration",
-    ],
-    ["seed_fairseq.checkpoint", "seed_fairseq.savedir"],
-    # the fairseq side, bottom up
-    ["seed_fairseq.fairseq_patches", "seed_fairseq.compat"],
-    [
-        "seed_fairseq.data",
-        "seed_fairseq.modules",
-        "seed_fairseq.diagnostics",
-        "seed_fairseq.retrieval_dev",
-        "seed_fairseq.dupmae.pooling",
-    ],
-    ["seed_fairseq.generator"],
-    ["seed_fairseq.models"],
-    ["seed_fairseq.tasks"],
-    ["seed_fairseq.criterions"],
-    ["seed_fairseq", "seed_fairseq.plugin"],
-    ["seed_fairseq.drop_heads", "seed_fairseq.drop_decoder"],
-    # the wings, each on what it needs below
-    ["preprocess"],
-    ["seed_fairseq.hf"],
-    ["seed_fairseq.retrieval"],
-    ["seed_fairseq.dupmae"],
-    ["seed_fairseq.compare"],
-    ["seed_fairseq.adapt"],  # the whole flow: over compare, retrieval and hf
-    ["seed_fairseq.gpucheck"],  # one-command GPU verification: over preprocess, hf, retrieval and compare
-]
-# Import paths kept for old code: modules that only re-export a moved module.
-ALIASES = {
-    "seed_fairseq.hf.vocab",
-    "seed_fairseq.dictionary",
-    "seed_fairseq.compat",
-    "seed_fairseq.hf.dupmae_head",
-    "seed_fairseq.hf.dupmae_export",
-    "seed_fairseq.retrieval.dupmae",
-    "seed_fairseq.modules.vocab_pool",
-    "seed_fairseq.retrieval.data",
-}
+FACE = "seed_fairseq"
+# the folders of seed_fairseq/, low to high; the face (the package's own files) stands between
+# pretrain and encoders; in workflows/, SHARED rooms are a floor below the workflows themselves
+FLOORS = ("base", "pretrain", FACE, "encoders", "workflows")
+SHARED = ("kit", "measure")
 # Libraries that must import without fairseq and without any fairseq patch.
 FAIRSEQ_FREE = (
-    "seed_fairseq.fileio",
-    "seed_fairseq.errors",
-    "seed_fairseq.vocabulary",
-    "seed_fairseq.retrieval_data",
-    "seed_fairseq.retrieval",
-    "seed_fairseq.objectives",
-    "seed_fairseq.extensions",
-    "seed_fairseq.compare",
-    "seed_fairseq.adapt",
-    "seed_fairseq.dupmae",
-    "seed_fairseq.gpucheck",
+    "seed_fairseq.base",
+    "seed_fairseq.encoders.retrieval",
+    "seed_fairseq.encoders.dupmae",
+    "seed_fairseq.workflows",
     "preprocess",
 )
 
@@ -120,18 +78,39 @@ def imports(name: str, path: Path, known: Dict[str, Path]) -> Set[str]:
 
 def graph() -> Dict[str, Set[str]]:
     known = modules()
-    return {name: imports(name, path, known) for name, path in known.items() if name not in ALIASES}
+    return {name: imports(name, path, known) for name, path in known.items()}
 
 
-def rank(name: str) -> int:
-    best, best_len = None, -1
-    for i, units in enumerate(LAYERS):
-        for unit in units:
-            if (name == unit or name.startswith(unit + ".")) and len(unit) > best_len:
-                best, best_len = i, len(unit)
-    if best is None:
-        raise AssertionError(f"{name} belongs to no layer: add it to LAYERS and to CONTRIBUTING.md")
-    return best
+def room(name: str) -> Tuple[int, str]:
+    """(floor, room) of a module, from its path alone."""
+    parts = name.split(".")
+    if parts[0] == "preprocess":
+        return FLOORS.index("pretrain"), "preprocess"
+    is_folder = len(parts) > 2 or (ROOT / Path(*parts)).is_dir()
+    if parts[0] != FACE or len(parts) == 1 or not is_folder:
+        return FLOORS.index(FACE), FACE
+    top = parts[1]
+    if top not in FLOORS:
+        raise AssertionError(f"{name}: seed_fairseq/{top}/ is no floor of the house ({', '.join(FLOORS)})")
+    if top != "workflows":
+        return FLOORS.index(top), top
+    sub = parts[2] if len(parts) > 2 and (ROOT / FACE / top / parts[2]).is_dir() else ""
+    floor = FLOORS.index(top) + (0 if sub in SHARED or not sub else 1)
+    return floor, f"{top}.{sub}" if sub else top
+
+
+def violations(edges: Dict[str, Set[str]]) -> List[str]:
+    """The arrows that point up a floor, or across to another room of the same floor."""
+    bad = []
+    for source, targets in sorted(edges.items()):
+        (floor, here) = room(source)
+        for target in sorted(targets):
+            (to_floor, there) = room(target)
+            if to_floor > floor:
+                bad.append(f"{source} -> {target} (up: {here} -> {there})")
+            elif to_floor == floor and there != here:
+                bad.append(f"{source} -> {target} (across: {here} -> {there})")
+    return bad
 
 
 def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
@@ -165,28 +144,43 @@ def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
     return found
 
 
-def test_every_module_has_a_layer():
+def test_every_folder_is_a_floor():
+    folders = {p.name for p in (ROOT / FACE).iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(FLOORS) - {FACE}
     for name in graph():
-        rank(name)
+        room(name)
 
 
 def test_no_import_cycle():
     assert cycles(graph()) == []
 
 
-def test_no_import_points_upward():
-    upward = [
-        f"{source} -> {target}"
-        for source, targets in graph().items()
-        for target in targets
-        if target not in ALIASES and rank(target) > rank(source)
-    ]
-    assert upward == []
+def test_imports_point_down_or_within_their_room():
+    assert violations(graph()) == []
 
 
-def test_the_checks_catch_a_cycle_and_an_upward_import():
+def test_the_checks_catch_a_cycle_an_upward_and_a_sideways_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert rank("seed_fairseq.fileio") < rank("seed_fairseq.models.bottleneck") < rank("seed_fairseq.compare.cli")
+    edges = {
+        "seed_fairseq.base.fileio.atomic": {"seed_fairseq.pretrain.checkpoint"},  # up
+        "preprocess.build": {"seed_fairseq.pretrain.tasks.registry", "seed_fairseq.base.errors"},  # across, down
+        "seed_fairseq.plugin": {"seed_fairseq.pretrain.tasks"},  # down
+        "seed_fairseq.pretrain.models.retromae": {"seed_fairseq.encoders.dupmae.head"},  # up
+        "seed_fairseq.workflows.adapt.cli": {"seed_fairseq.workflows.compare.cli", "seed_fairseq.workflows.kit.layout"},
+        "seed_fairseq.workflows.kit.tools": {"seed_fairseq.workflows.measure.flops"},  # across
+        "seed_fairseq.encoders.hf.export": {"seed_fairseq", "seed_fairseq.encoders.retrieval.search"},  # down, within
+    }
+    assert [v.split(" (")[1] for v in violations(edges)] == [
+        "across: preprocess -> pretrain)",
+        "up: base -> pretrain)",
+        "up: pretrain -> encoders)",
+        "across: workflows.adapt -> workflows.compare)",
+        "across: workflows.kit -> workflows.measure)",
+    ]
+    assert room("seed_fairseq") == room("seed_fairseq.compat") == (2, FACE)
+    assert room("seed_fairseq.workflows.gpucheck.cli") == (5, "workflows.gpucheck")
+    with pytest.raises(AssertionError, match="no floor"):
+        room("seed_fairseq.attic.old")
 
 
 def fresh_python(code: str) -> str:
@@ -197,17 +191,14 @@ def fresh_python(code: str) -> str:
 
 
 def library_modules() -> List[str]:
-    return sorted(
-        name
-        for name in modules()
-        if name not in ALIASES and any(name == lib or name.startswith(lib + ".") for lib in FAIRSEQ_FREE)
-    )
+    return sorted(name for name in modules() if any(name == lib or name.startswith(lib + ".") for lib in FAIRSEQ_FREE))
 
 
 @pytest.mark.parametrize("chunk", [0, 1])
 def test_libraries_import_without_fairseq(chunk):
     """Code that does not use fairseq does not pay for it: importing any module
     of the libraries imports neither fairseq nor the plugin's patches."""
+    assert {"seed_fairseq.base", "seed_fairseq.encoders.retrieval", "preprocess"} <= set(library_modules())
     names = library_modules()[chunk::2]
     code = (
         "import importlib, sys\n"
@@ -215,7 +206,8 @@ def test_libraries_import_without_fairseq(chunk):
         "bad = []\n"
         "for n in names:\n"
         "    importlib.import_module(n)\n"
-        "    hit = [m for m in ('fairseq', 'seed_fairseq.plugin', 'seed_fairseq.compat') if m in sys.modules]\n"
+        "    hit = [m for m in ('fairseq', 'seed_fairseq.plugin', 'seed_fairseq.pretrain.fairseq_patches') "
+        "if m in sys.modules]\n"
         "    if hit:\n"
         "        bad.append((n, hit)); break\n"
         "print(bad)\n"
@@ -241,7 +233,12 @@ def test_fairseq_after_the_package_registers_the_plugin():
 
 
 @pytest.mark.parametrize(
-    "first", ["seed_fairseq.models.seed_encoder", "seed_fairseq.modules.windowed_decoder", "seed_fairseq.compat"]
+    "first",
+    [
+        "seed_fairseq.pretrain.models.seed_encoder",
+        "seed_fairseq.pretrain.modules.windowed_decoder",
+        "seed_fairseq.compat",
+    ],
 )
 def test_importing_one_plugin_module_first_registers_everything(first):
     """fairseq imported from inside a plugin module's own import: registration

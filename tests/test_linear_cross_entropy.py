@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from conftest import build_task_model
 
-from seed_fairseq.modules.linear_cross_entropy import (
+from seed_fairseq.pretrain.modules.linear_cross_entropy import (
     default_chunk_size,
     linear_cross_entropy,
     plain_linear_cross_entropy,
@@ -119,7 +119,7 @@ def test_default_ignore_index_and_all_ignored(implementation):
 def test_chunks_really_bound_the_logits(monkeypatch, implementation, passes):
     """No matmul ever produces more than chunk_size rows of logits; "chunked" computes
     them once (gradients in forward), "recompute" again in backward."""
-    import seed_fairseq.modules.linear_cross_entropy as lce
+    import seed_fairseq.pretrain.modules.linear_cross_entropy as lce
 
     rows = []
     real = lce._chunk_logits
@@ -141,7 +141,7 @@ def test_chunks_really_bound_the_logits(monkeypatch, implementation, passes):
 
 def test_no_gradient_work_without_autograd(monkeypatch):
     """Under no_grad (validation) or for inputs that need no gradient, forward computes none."""
-    import seed_fairseq.modules.linear_cross_entropy as lce
+    import seed_fairseq.pretrain.modules.linear_cross_entropy as lce
 
     calls = []
     monkeypatch.setattr(lce, "_accumulate", lambda *a: calls.append(1))

@@ -6,7 +6,7 @@ import torch
 from fairseq.data import Dictionary, ListDataset
 from fairseq.data import MaskTokensDataset as FairseqMaskTokensDataset
 
-from seed_fairseq.data.mask_tokens_dataset import MaskTokensDataset, _ranges
+from seed_fairseq.pretrain.data.mask_tokens_dataset import MaskTokensDataset, _ranges
 
 VOCAB = 37  # odd: the specials, 31 pieces, <mask>
 

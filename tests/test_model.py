@@ -7,9 +7,9 @@ from conftest import build_task_model
 from helpers import REPO
 from objectives import tiny_encoder
 
-from seed_fairseq.models.bottleneck import vector_memory
-from seed_fairseq.models.seed_encoder import SeedEncoderModel
-from seed_fairseq.modules.windowed_decoder import (
+from seed_fairseq.pretrain.models.bottleneck import vector_memory
+from seed_fairseq.pretrain.models.seed_encoder import SeedEncoderModel
+from seed_fairseq.pretrain.modules.windowed_decoder import (
     FULL,
     parse_window,
     receptive_field,
@@ -27,8 +27,8 @@ def test_registered_names_are_ours():
     import fairseq.models as M
     import fairseq.tasks as T
 
-    from seed_fairseq.criterions.seed_pretrain import SeedPretrainCriterion
-    from seed_fairseq.tasks.seed_pretrain import SeedPretrainTask
+    from seed_fairseq.pretrain.criterions.seed_pretrain import SeedPretrainCriterion
+    from seed_fairseq.pretrain.tasks.seed_pretrain import SeedPretrainTask
 
     assert M.MODEL_REGISTRY["seed_encoder"] is SeedEncoderModel
     assert T.TASK_REGISTRY["seed_pretrain"] is SeedPretrainTask
@@ -206,7 +206,7 @@ def test_banded_window_attention_equals_fairseqs_masked_attention(odd_dict_dir, 
 
 def test_banded_attention_memory_is_linear_in_the_window():
     """No (n x n) tensor: the probabilities the banded attention saves are (n x (1 + k))."""
-    from seed_fairseq.modules.windowed_decoder import banded_attention
+    from seed_fairseq.pretrain.modules.windowed_decoder import banded_attention
 
     q, k, v = (torch.randn(2, 3, 50, 8, requires_grad=True) for _ in range(3))
     shapes = []
@@ -358,7 +358,7 @@ def test_pooling_is_sentence_transformers_pooling(mode, dtype):
     embeddings and attention mask, bit for bit."""
     from sentence_transformers.models import Normalize, Pooling
 
-    from seed_fairseq.models.bottleneck import BottleneckPooling, pool
+    from seed_fairseq.pretrain.models.bottleneck import BottleneckPooling, pool
 
     mask = torch.tensor([[int(c) for c in row] for row in MASKS])
     features = torch.randn(len(MASKS), 7, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -397,7 +397,7 @@ def test_pooling_options_reach_the_bottleneck(odd_dict_dir):
 
 
 def test_unnormalized_without_cosine_is_refused(odd_dict_dir):
-    from seed_fairseq.errors import ConfigurationError
+    from seed_fairseq.base.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="--bottleneck-unnormalized has no effect without"):
         build_task_model(odd_dict_dir, "--bottleneck-unnormalized")
@@ -409,8 +409,8 @@ def test_pooling_travels_in_the_checkpoint_and_an_old_one_loads_as_cls(tmp_path)
     from fairseq import checkpoint_utils
 
     import seed_fairseq  # noqa: F401
-    from seed_fairseq.checkpoint import load_torch_file, torch_save
-    from seed_fairseq.models.bottleneck import pooling_options
+    from seed_fairseq.pretrain.checkpoint import load_torch_file, torch_save
+    from seed_fairseq.pretrain.models.bottleneck import pooling_options
 
     fixture = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
     old = fixture / "checkpoint_1_3.pt"

@@ -1,13 +1,13 @@
 """Every architecture of the plugin accepts every option an imported model's model_args.txt
-holds (``seed_fairseq/hf/import_.py: model_args``), and every model's ``add_args`` reaches
+holds (``seed_fairseq/encoders/hf/import_.py: model_args``), and every model's ``add_args`` reaches
 its base's (checked when the class is created)."""
 
 import pytest
 import torch
 from conftest import build_task_model
 
-from seed_fairseq.hf.import_ import model_args
-from seed_fairseq.models import BottleneckEncoderModel, pretraining_model_class
+from seed_fairseq.encoders.hf.import_ import model_args
+from seed_fairseq.pretrain.models import BottleneckEncoderModel, pretraining_model_class
 
 # a BERT config.json as import_.py reads it (odd sizes, BERT's LayerNorm epsilon)
 BERT_CONFIG = {

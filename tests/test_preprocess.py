@@ -294,7 +294,7 @@ def test_normalize_line_fast_path_equals_the_plain_steps():
     import re
     import unicodedata
 
-    from seed_fairseq.vocabulary.text import CONTROL_CHARACTERS as _CONTROL
+    from seed_fairseq.base.vocabulary.text import CONTROL_CHARACTERS as _CONTROL
 
     def plain(line, lowercase, nfkc):
         if nfkc:
@@ -903,7 +903,7 @@ def test_preprocess_imports_neither_fairseq_nor_the_plugin():
         "for m in pkgutil.iter_modules(preprocess.__path__):\n"
         "    importlib.import_module('preprocess.' + m.name)\n"
         "bad = [m for m in sys.modules if m.split('.')[0] == 'fairseq' or m.startswith("
-        "('seed_fairseq.plugin', 'seed_fairseq.compat', 'seed_fairseq.fairseq_patches'))]\n"
+        "('seed_fairseq.plugin', 'seed_fairseq.compat', 'seed_fairseq.pretrain.fairseq_patches'))]\n"
         "assert not bad, bad\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

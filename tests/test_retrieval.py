@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from seed_fairseq.retrieval import data as rdata
-from seed_fairseq.retrieval.bm25 import BM25
-from seed_fairseq.retrieval.data import DataFormatError, load_data, write_beir
-from seed_fairseq.retrieval.metrics import (
+from seed_fairseq.base import retrieval_data as rdata
+from seed_fairseq.base.retrieval_data import DataFormatError, load_data, write_beir
+from seed_fairseq.encoders.retrieval.bm25 import BM25
+from seed_fairseq.encoders.retrieval.metrics import (
     compare,
     evaluate,
     per_query,
@@ -21,7 +21,7 @@ from seed_fairseq.retrieval.metrics import (
     read_trec_run,
     write_trec_run,
 )
-from seed_fairseq.retrieval.search import build_index, search
+from seed_fairseq.encoders.retrieval.search import build_index, search
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -290,7 +290,7 @@ def test_derived_retrieval_set(tmp_path):
 def test_no_duplicate_batches():
     from sentence_transformers import InputExample
 
-    from seed_fairseq.retrieval.training import NoDuplicateBatches
+    from seed_fairseq.encoders.retrieval.training import NoDuplicateBatches
 
     # 12 examples share 4 negatives: a naive batch of 8 would repeat them
     ex = [InputExample(texts=[f"q{i}", f"p{i}", f"n{i % 4}"]) for i in range(12)]
@@ -306,7 +306,7 @@ def test_no_duplicate_batches():
 def test_triplet_loss_is_the_papers_margin_loss():
     from sentence_transformers.sentence_transformer.losses import TripletLoss
 
-    from seed_fairseq.retrieval.training import neg_dot_distance
+    from seed_fairseq.encoders.retrieval.training import neg_dot_distance
 
     q, p, n = (
         torch.tensor([[1.0, 2.0], [0.5, 0.0]]),
@@ -441,8 +441,8 @@ def test_finetune_end_to_end_improves_mrr(tiny_model, learnable_set, tmp_path):
 
 
 def test_ance_rounds_triplet_and_fraction(tiny_model, learnable_set):
-    from seed_fairseq.retrieval.search import load_model
-    from seed_fairseq.retrieval.training import FinetuneConfig, finetune, mine_dense
+    from seed_fairseq.encoders.retrieval.search import load_model
+    from seed_fairseq.encoders.retrieval.training import FinetuneConfig, finetune, mine_dense
 
     data = load_data(learnable_set, "train")
     model = load_model(tiny_model, "cpu")
@@ -481,8 +481,8 @@ def test_each_model_is_loaded_in_its_own_representation(tiny_model, tmp_path):
     from hf_models import save_bert, save_sentence_model
     from sentence_transformers import util
 
-    from seed_fairseq.retrieval.search import load_model, similarity
-    from seed_fairseq.retrieval.training import FinetuneConfig, make_loss
+    from seed_fairseq.encoders.retrieval.search import load_model, similarity
+    from seed_fairseq.encoders.retrieval.training import FinetuneConfig, make_loss
 
     def loaded(folder, representation=None):
         model = load_model(str(folder), "cpu", representation=representation)

@@ -21,7 +21,7 @@ import torch
 from helpers import DEMO_CORPUS, USER_DIR, check, cli, load_driver, run
 from hf_models import ODD_STRINGS, save_bert
 
-from seed_fairseq.checkpoint import load_torch_file
+from seed_fairseq.pretrain.checkpoint import load_torch_file
 
 TOKENS = 48
 BEST_VS_START = ("--best-checkpoint-metric", "probe_mrr10_vs_start")
@@ -32,7 +32,7 @@ def write_dev(folder, n_queries=24, extra_docs=10):
     """A BEIR folder from the demo corpus: a paragraph's first 6 words are a query, the rest its
     one relevant document; ``extra_docs`` other documents, the last judged not relevant (0) for
     the first query."""
-    from seed_fairseq.retrieval_data import write_beir
+    from seed_fairseq.base.retrieval_data import write_beir
 
     paragraphs = [p for p in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if len(p.split()) >= 14]
     corpus, queries, qrels = {}, {}, {}
@@ -50,7 +50,7 @@ def write_dev(folder, n_queries=24, extra_docs=10):
 def bert(tmp_path_factory):
     """(import folder, data built with its tokenizer, dev folder)"""
     from preprocess.build import build
-    from seed_fairseq.hf.import_ import import_model
+    from seed_fairseq.encoders.hf.import_ import import_model
 
     root = tmp_path_factory.mktemp("retrieval_dev")
     imp = import_model(save_bert(root / "hf"), root / "import")
@@ -76,7 +76,7 @@ def setup(imp, data, *extra):
 
 
 def dev_scores(task, model):
-    from seed_fairseq import diagnostics, retrieval_dev
+    from seed_fairseq.pretrain import diagnostics, retrieval_dev
 
     with torch.no_grad():
         total = diagnostics.totals([task.retrieval_logs(model)])
@@ -100,10 +100,10 @@ def fresh_metrics():
 
 def test_dev_score_is_the_exported_models_zero_shot_evaluation(bert, tmp_path):
     """The starting model's dev scores = examples/retrieval/evaluate.py's of its export, on the subset."""
-    from seed_fairseq.hf.export import export
-    from seed_fairseq.retrieval.evaluate import evaluate_model
-    from seed_fairseq.retrieval.search import load_model
-    from seed_fairseq.retrieval_data import load_data
+    from seed_fairseq.base.retrieval_data import load_data
+    from seed_fairseq.encoders.hf.export import export
+    from seed_fairseq.encoders.retrieval.evaluate import evaluate_model
+    from seed_fairseq.encoders.retrieval.search import load_model
 
     imp, data, dev = bert
     task, model = setup(imp, data, "--retrieval-dev", str(dev), "--retrieval-dev-docs", "30")
@@ -141,7 +141,7 @@ class BagOfTokens(torch.nn.Module):
 
 def test_scores_of_a_ranking_known_by_hand():
     """q1's relevant document ranks 1st, q2's 2nd (behind a document sharing its token twice)."""
-    from seed_fairseq import retrieval_dev
+    from seed_fairseq.pretrain import retrieval_dev
 
     def ids(*tokens):
         return torch.tensor([0, *tokens, 2])
@@ -164,8 +164,8 @@ def test_scores_of_a_ranking_known_by_hand():
 
 
 def test_the_subset_keeps_every_judged_document_and_is_deterministic(bert):
-    from seed_fairseq import retrieval_dev
-    from seed_fairseq.retrieval_data import load_data
+    from seed_fairseq.base.retrieval_data import load_data
+    from seed_fairseq.pretrain import retrieval_dev
 
     data = load_data(bert[2], "dev")
     qids, docs, judged = retrieval_dev.select(data, 5, 8)
@@ -187,8 +187,8 @@ def test_the_subset_keeps_every_judged_document_and_is_deterministic(bert):
 
 def test_text_becomes_the_ids_of_an_hf_tokenizer_build(bert):
     """What the exported tokenizer gives (truncation at the block length), in the dictionary's ids."""
-    from seed_fairseq.vocabulary.text_ids import for_data_folder
-    from seed_fairseq.vocabulary.tokenizer import TOKENIZER_DIR, load_fast_tokenizer, vocab_from_tokenizer
+    from seed_fairseq.base.vocabulary.text_ids import for_data_folder
+    from seed_fairseq.base.vocabulary.tokenizer import TOKENIZER_DIR, load_fast_tokenizer, vocab_from_tokenizer
 
     imp, data, _ = bert
     task, _ = setup(imp, data)
@@ -206,8 +206,8 @@ def test_text_becomes_the_ids_of_a_sentencepiece_build(demo_data_bin):
     import sentencepiece as spm
     from fairseq.data import Dictionary
 
-    from seed_fairseq.hf.tokenizer import fairseq_encode
-    from seed_fairseq.vocabulary.text_ids import for_data_folder
+    from seed_fairseq.base.vocabulary.text_ids import for_data_folder
+    from seed_fairseq.encoders.hf.tokenizer import fairseq_encode
 
     dictionary = Dictionary.load(str(demo_data_bin / "dict.txt"))
     dictionary.add_symbol("<mask>")
@@ -293,8 +293,8 @@ def test_a_run_that_starts_scores_its_own_model(bert, fresh_metrics):
 def test_every_worker_logs_the_same_keys(bert, monkeypatch):
     """fairseq sums the workers' logging outputs key by key (one all-reduce of a flat buffer):
     the workers that do not score give the same keys, zero, and the sum is the first worker's."""
-    from seed_fairseq import diagnostics
-    from seed_fairseq.tasks import bottleneck_pretrain
+    from seed_fairseq.pretrain import diagnostics
+    from seed_fairseq.pretrain.tasks import bottleneck_pretrain
 
     imp, data, dev = bert
     task, model = setup(imp, data, "--retrieval-dev", str(dev), "--retrieval-probe-size", "8")
@@ -322,7 +322,7 @@ def test_no_diagnostics_keeps_the_requested_dev_score(bert):
 
 
 def test_a_bad_dev_folder_is_refused_at_task_setup(bert, tmp_path):
-    from seed_fairseq.errors import ConfigurationError
+    from seed_fairseq.base.errors import ConfigurationError
 
     imp, data, dev = bert
     missing = tmp_path / "nowhere"
@@ -345,7 +345,7 @@ def test_a_bad_dev_folder_is_refused_at_task_setup(bert, tmp_path):
 
 
 def test_data_without_its_tokenizer_is_refused_at_task_setup(bert, tmp_path):
-    from seed_fairseq.errors import ConfigurationError
+    from seed_fairseq.base.errors import ConfigurationError
 
     imp, data, dev = bert
     bare = tmp_path / "bare"

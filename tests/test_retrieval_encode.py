@@ -12,7 +12,7 @@ import torch
 from helpers import DEMO_CORPUS
 from test_retrieval import make_tiny_model
 
-from seed_fairseq.retrieval.search import SearchError, encode, length_order, load_model
+from seed_fairseq.encoders.retrieval.search import SearchError, encode, length_order, load_model
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_bad_precision_and_int8_off_the_cpu(model, monkeypatch):
 def test_precision_flag_offers_the_cpu_choices():
     import argparse
 
-    from seed_fairseq.retrieval.cli import add_search_args
+    from seed_fairseq.encoders.retrieval.cli import add_search_args
 
     p = argparse.ArgumentParser()
     add_search_args(p)

@@ -37,7 +37,9 @@ def fresh_import(modules, check):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("package", ["seed_fairseq.retrieval", "seed_fairseq.compare", "seed_fairseq.dupmae"])
+@pytest.mark.parametrize(
+    "package", ["seed_fairseq.encoders.retrieval", "seed_fairseq.workflows.compare", "seed_fairseq.encoders.dupmae"]
+)
 def test_library_imports_without_fairseq(package):
     modules = library_modules(package)
     assert len(modules) > 3
@@ -45,19 +47,18 @@ def test_library_imports_without_fairseq(package):
 
 
 def test_retrieval_does_not_import_dupmae():
-    # the old path seed_fairseq.retrieval.dupmae is an alias of seed_fairseq.dupmae.retriever
-    modules = [m for m in library_modules("seed_fairseq.retrieval") if m != "seed_fairseq.retrieval.dupmae"]
-    assert fresh_import(modules, "not any(k.startswith('seed_fairseq.dupmae') for k in sys.modules)") == []
+    modules = library_modules("seed_fairseq.encoders.retrieval")
+    assert fresh_import(modules, "not any(k.startswith('seed_fairseq.encoders.dupmae') for k in sys.modules)") == []
 
 
 def test_dupmae_is_registered_through_the_entry_points():
-    from seed_fairseq.hf import representation as exporters
-    from seed_fairseq.retrieval import representations
+    from seed_fairseq.encoders.hf import representation as exporters
+    from seed_fairseq.encoders.retrieval import representations
 
     assert representations.names() == ("own", "cls", "dupmae")
     assert exporters.names() == ("own", "cls", "dupmae")
-    from seed_fairseq.dupmae.export import EXPORTER
-    from seed_fairseq.dupmae.retriever import REPRESENTATION, DupMAERetriever
+    from seed_fairseq.encoders.dupmae.export import EXPORTER
+    from seed_fairseq.encoders.dupmae.retriever import REPRESENTATION, DupMAERetriever
 
     assert representations.get("dupmae") is REPRESENTATION and REPRESENTATION.retriever is DupMAERetriever
     assert exporters.get("dupmae") is EXPORTER
@@ -70,27 +71,11 @@ def test_dupmae_is_registered_through_the_entry_points():
         exporters.get("x")
 
 
-def test_old_import_paths_are_the_moved_modules():
-    import seed_fairseq.dupmae.export
-    import seed_fairseq.dupmae.head
-    import seed_fairseq.dupmae.pooling
-    import seed_fairseq.dupmae.retriever
-    import seed_fairseq.hf.dupmae_export
-    import seed_fairseq.hf.dupmae_head
-    import seed_fairseq.modules.vocab_pool
-    import seed_fairseq.retrieval.dupmae
-
-    assert seed_fairseq.hf.dupmae_head is seed_fairseq.dupmae.head
-    assert seed_fairseq.hf.dupmae_export is seed_fairseq.dupmae.export
-    assert seed_fairseq.retrieval.dupmae is seed_fairseq.dupmae.retriever
-    assert seed_fairseq.modules.vocab_pool is seed_fairseq.dupmae.pooling
-
-
 def _parse(argv):
     import argparse
 
-    from seed_fairseq.retrieval.cli import add_search_args
-    from seed_fairseq.retrieval.config import FinetuneConfig
+    from seed_fairseq.encoders.retrieval.cli import add_search_args
+    from seed_fairseq.encoders.retrieval.config import FinetuneConfig
 
     p = argparse.ArgumentParser()
     FinetuneConfig.add_args(p)
@@ -101,7 +86,7 @@ def _parse(argv):
 def test_finetune_config_round_trips_through_its_flags():
     from dataclasses import replace
 
-    from seed_fairseq.retrieval.config import FinetuneConfig
+    from seed_fairseq.encoders.retrieval.config import FinetuneConfig
 
     # the search options' defaults (--batch-size 64) are encoding's, not FinetuneConfig's (128)
     assert _parse([]) == replace(FinetuneConfig(), encode_batch_size=64)
@@ -110,7 +95,7 @@ def test_finetune_config_round_trips_through_its_flags():
 
 
 def test_comparison_keeps_its_flag_names_and_defaults():
-    from seed_fairseq.compare import cli
+    from seed_fairseq.workflows.compare import cli
 
     args = cli.parser().parse_args([])
     got = {k: getattr(args, k) for k in ("negatives", "loss", "num_negatives", "encode_batch_size", "index")}
@@ -123,8 +108,8 @@ def test_comparison_keeps_its_flag_names_and_defaults():
 
 def test_the_similarity_rule_reads_the_tools_own_records():
     """hf/sentence.py names the records of the export and of fine-tuning without importing them."""
-    from seed_fairseq.hf.export import EXPORT_RECORD
-    from seed_fairseq.hf.sentence import TOOL_RECORDS
-    from seed_fairseq.retrieval.training import RECORD, TOOL
+    from seed_fairseq.encoders.hf.export import EXPORT_RECORD
+    from seed_fairseq.encoders.hf.sentence import TOOL_RECORDS
+    from seed_fairseq.encoders.retrieval.training import RECORD, TOOL
 
     assert TOOL_RECORDS == {EXPORT_RECORD: ("seed_fairseq.hf.export",), RECORD: (TOOL,)}

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from helpers import USER_DIR, cli, run
 from objectives import TINY_ENCODER
 
-from seed_fairseq.criterions.retromae_pretrain import bow_term
-from seed_fairseq.data.decoder_mask_dataset import SALT, DecoderMaskDataset, decoder_mask
-from seed_fairseq.models.retromae import RetroMAEModel
-from seed_fairseq.modules import vocab_pool
-from seed_fairseq.modules.vocab_pool import vocab_max_pool
-from seed_fairseq.tasks.retromae_pretrain import bag_of_words
+from seed_fairseq.pretrain.criterions.retromae_pretrain import bow_term
+from seed_fairseq.pretrain.data.decoder_mask_dataset import SALT, DecoderMaskDataset, decoder_mask
+from seed_fairseq.pretrain.models.retromae import RetroMAEModel
+from seed_fairseq.pretrain.modules import vocab_pool
+from seed_fairseq.pretrain.modules.vocab_pool import vocab_max_pool
+from seed_fairseq.pretrain.tasks.retromae_pretrain import bag_of_words
 
 
 def build(data_dir, *extra, task="dupmae_pretrain", arch="dupmae_tiny", tokens_per_sample=32):
@@ -75,8 +75,8 @@ def test_registered_names_are_ours():
     import fairseq.models as M
     import fairseq.tasks as T
 
-    from seed_fairseq.criterions.retromae_pretrain import DupMAECriterion, RetroMAECriterion
-    from seed_fairseq.tasks.retromae_pretrain import DupMAEPretrainTask, RetroMAEPretrainTask
+    from seed_fairseq.pretrain.criterions.retromae_pretrain import DupMAECriterion, RetroMAECriterion
+    from seed_fairseq.pretrain.tasks.retromae_pretrain import DupMAEPretrainTask, RetroMAEPretrainTask
 
     assert T.TASK_REGISTRY["retromae_pretrain"] is RetroMAEPretrainTask
     assert T.TASK_REGISTRY["dupmae_pretrain"] is DupMAEPretrainTask
@@ -419,7 +419,7 @@ def test_retromae_has_no_bow_term_and_dupmae_needs_its_task(odd_dict_dir):
     sample = _sample(task)
     assert set(criterion.compute_terms(model, sample)) == {"mlm", "dec"}
     assert set(task.term_counts(sample)) == {"mlm", "dec"}
-    from seed_fairseq.criterions.retromae_pretrain import DupMAECriterion, DupMAECriterionConfig
+    from seed_fairseq.pretrain.criterions.retromae_pretrain import DupMAECriterion, DupMAECriterionConfig
 
     with pytest.raises(ValueError, match="--criterion dupmae_pretrain needs --task dupmae_pretrain"):
         DupMAECriterion(DupMAECriterionConfig(), task)

@@ -14,9 +14,9 @@ import torch
 from helpers import USER_DIR, check, cli, run
 from objectives import TINY_ENCODER
 
-from seed_fairseq.checkpoint import CheckpointError
-from seed_fairseq.data.replaced_lm_dataset import ReplacedLMNoiseDataset
-from seed_fairseq.generator import FrozenGenerator, inverse_cdf_sample, uniform_from_noise
+from seed_fairseq.pretrain.checkpoint import CheckpointError
+from seed_fairseq.pretrain.data.replaced_lm_dataset import ReplacedLMNoiseDataset
+from seed_fairseq.pretrain.generator import FrozenGenerator, inverse_cdf_sample, uniform_from_noise
 
 TINY = ["--arch", "simlm_tiny", *TINY_ENCODER]
 SGD = ["--optimizer", "sgd", "--lr", "0.5", "--lr-scheduler", "fixed", "--dropout", "0", "--attention-dropout", "0"]
@@ -265,7 +265,7 @@ def test_replacements_on_real_data_keep_the_rest_and_avoid_specials(simlm_valid)
 
 
 def test_sampling_in_row_chunks_changes_nothing(simlm_valid, monkeypatch):
-    import seed_fairseq.generator as generator_module
+    import seed_fairseq.pretrain.generator as generator_module
 
     task, _, _, batch = simlm_valid
     whole = task.replaced_inputs(batch)
@@ -440,9 +440,9 @@ def test_registered_names_are_ours():
     import fairseq.models as Mo
     import fairseq.tasks as T
 
-    from seed_fairseq.criterions.simlm_pretrain import SimLMPretrainCriterion
-    from seed_fairseq.models.simlm import SimLMModel
-    from seed_fairseq.tasks.simlm_pretrain import SimLMPretrainTask
+    from seed_fairseq.pretrain.criterions.simlm_pretrain import SimLMPretrainCriterion
+    from seed_fairseq.pretrain.models.simlm import SimLMModel
+    from seed_fairseq.pretrain.tasks.simlm_pretrain import SimLMPretrainTask
 
     assert T.TASK_REGISTRY["simlm_pretrain"] is SimLMPretrainTask
     assert C.CRITERION_REGISTRY["simlm_pretrain"] is SimLMPretrainCriterion
@@ -454,7 +454,7 @@ def test_registered_names_are_ours():
 def test_a_stock_roberta_checkpoint_is_a_generator_too(contract_data, simlm_generator, tmp_path):
     """Any fairseq masked LM with the data's dictionary: the generator's own weights as a
     stock ``roberta`` checkpoint (seed-drop-heads) sample exactly the same tokens."""
-    from seed_fairseq.drop_heads import write_encoder_checkpoint
+    from seed_fairseq.encoders.drop_heads import write_encoder_checkpoint
 
     write_encoder_checkpoint(simlm_generator, tmp_path / "roberta.pt")
     task, _ = setup(contract_data)

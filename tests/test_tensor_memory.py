@@ -1,10 +1,10 @@
-"""``seed_fairseq.compare.memory.peak_tensor_bytes``: the peak of live CPU tensor bytes during a call
+"""``seed_fairseq.workflows.measure.memory.peak_tensor_bytes``: the peak of live CPU tensor bytes during a call
 (what ``torch.cuda.max_memory_allocated`` is on a GPU), measured by ``benchmarks/step_time.py``."""
 
 import pytest
 import torch
 
-from seed_fairseq.compare.memory import MemoryAccountingError, live_tensor_bytes, peak_tensor_bytes
+from seed_fairseq.workflows.measure.memory import MemoryAccountingError, live_tensor_bytes, peak_tensor_bytes
 
 MIB = 2**20
 

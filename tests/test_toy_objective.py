@@ -23,8 +23,8 @@ from test_contract import (
     run_straight,
 )
 
-from seed_fairseq.compare.objectives import OBJECTIVES, ORDER
-from seed_fairseq.tasks.registry import objective_for, registered_objectives
+from seed_fairseq.workflows.kit.objectives import OBJECTIVES, ORDER
+from seed_fairseq.pretrain.tasks.registry import objective_for, registered_objectives
 
 TOY = Objective.from_description(objective_for("toy_pretrain", {}), preload=toy_objective.__name__)
 
@@ -50,7 +50,7 @@ def test_update_is_the_count_weighted_mean_of_the_micro_batches(contract_data):
 
 def test_its_mlm_term_is_computed_as_vocab_loss_says(contract_data, monkeypatch):
     """CONTRIBUTING's rule: the MLM prediction goes through ``vocabulary_term`` (fused by default)."""
-    from seed_fairseq.criterions import vocab_loss
+    from seed_fairseq.pretrain.criterions import vocab_loss
 
     check_fused_vocabulary_loss(TOY, contract_data)
     calls = []
@@ -104,9 +104,9 @@ def _parses_as_toy(argv):
 
 
 def test_the_comparison_plans_it(tmp_path):
-    from seed_fairseq.compare import cli
-    from seed_fairseq.compare.pipeline import Comparison
-    from seed_fairseq.compare.report import differences
+    from seed_fairseq.workflows.compare import cli
+    from seed_fairseq.workflows.compare.pipeline import Comparison
+    from seed_fairseq.workflows.compare.report import differences
 
     assert "toy" in OBJECTIVES and "toy" not in ORDER  # another --user-dir's: run when named
     argv = ["--objectives", "mlm,toy", "--out", str(tmp_path / "out"), "--updates", "4", "--warmup", "0"]
@@ -127,8 +127,8 @@ def test_the_comparison_plans_it(tmp_path):
 def test_adapt_plans_it(tmp_path):
     from hf_models import save_sentence_model
 
-    from seed_fairseq.adapt import cli
-    from seed_fairseq.adapt.pipeline import Adaptation
+    from seed_fairseq.workflows.adapt import cli
+    from seed_fairseq.workflows.adapt.pipeline import Adaptation
 
     assert ", ".join(ORDER) in " ".join(cli.parser().format_help().split())  # the help: the default set
     model = save_sentence_model(tmp_path / "bert", "mean", normalize=True)
@@ -142,8 +142,8 @@ def test_adapt_plans_it(tmp_path):
 
 
 def test_gpucheck_lists_it_and_runs_it_when_named(tmp_path, capsys):
-    from seed_fairseq.gpucheck import cli
-    from seed_fairseq.gpucheck.profile import dry_run_profile, setups
+    from seed_fairseq.workflows.gpucheck import cli
+    from seed_fairseq.workflows.gpucheck.profile import dry_run_profile, setups
 
     found = {s.name: s for s in setups(dry_run_profile(), "generator.pt")}
     toy = found["toy"]
@@ -157,8 +157,8 @@ def test_gpucheck_lists_it_and_runs_it_when_named(tmp_path, capsys):
 
 def test_a_description_without_its_user_dir_is_left_to_its_own_process(monkeypatch):
     """Registered in this process but not loadable by fairseq-train: the workflows leave it out."""
-    from seed_fairseq.compare.objectives import _Registered
-    from seed_fairseq.gpucheck.profile import dry_run_profile, setups
+    from seed_fairseq.workflows.kit.objectives import _Registered
+    from seed_fairseq.workflows.gpucheck.profile import dry_run_profile, setups
 
     lost = dataclasses.replace(toy_objective.TOY, user_dir="")
     monkeypatch.setattr(toy_objective.ToyPretrainTask, "objectives", (lost,))

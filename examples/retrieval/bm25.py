@@ -11,11 +11,11 @@ import json
 import sys
 from typing import List, Optional
 
-from seed_fairseq.fileio import OutputError
-from seed_fairseq.retrieval.bm25 import BM25
-from seed_fairseq.retrieval.cli import nonneg_float, positive_int, report, report_storage, unit_interval
-from seed_fairseq.retrieval.data import DataFormatError, load_data
-from seed_fairseq.retrieval.metrics import check_run_output, evaluate, write_trec_run
+from seed_fairseq.base.fileio import OutputError
+from seed_fairseq.base.retrieval_data import DataFormatError, load_data
+from seed_fairseq.encoders.retrieval.bm25 import BM25
+from seed_fairseq.encoders.retrieval.cli import nonneg_float, positive_int, report, report_storage, unit_interval
+from seed_fairseq.encoders.retrieval.metrics import check_run_output, evaluate, write_trec_run
 
 
 def main(argv: Optional[List[str]] = None) -> int:

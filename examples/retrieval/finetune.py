@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Fine-tune an exported encoder as a shared-weight dual encoder: the driver of
-``seed_fairseq.retrieval.training`` (its docstring, printed by ``--help``, says what
+``seed_fairseq.encoders.retrieval.training`` (its docstring, printed by ``--help``, says what
 every option does; docs/retrieval.md)."""
 
 import argparse
@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from seed_fairseq.fileio import OutputError
-from seed_fairseq.retrieval import training
-from seed_fairseq.retrieval.cli import add_search_args, index_kwargs, report
-from seed_fairseq.retrieval.data import DataFormatError, load_data
-from seed_fairseq.retrieval.search import SearchError
-from seed_fairseq.retrieval.training import CURVE_METRICS, FinetuneConfig, finetune_to_folder
+from seed_fairseq.base.fileio import OutputError
+from seed_fairseq.base.retrieval_data import DataFormatError, load_data
+from seed_fairseq.encoders.retrieval import training
+from seed_fairseq.encoders.retrieval.cli import add_search_args, index_kwargs, report
+from seed_fairseq.encoders.retrieval.metrics import CURVE_METRICS
+from seed_fairseq.encoders.retrieval.search import SearchError
+from seed_fairseq.encoders.retrieval.training import FinetuneConfig, finetune_to_folder
 
 
 def main(argv: Optional[List[str]] = None) -> int:

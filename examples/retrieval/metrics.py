@@ -12,9 +12,9 @@ import json
 import sys
 from typing import List, Optional
 
-from seed_fairseq.retrieval.cli import positive_int, report, seed_int
-from seed_fairseq.retrieval.data import DataFormatError, load_data
-from seed_fairseq.retrieval.metrics import check_run_covers, compare, evaluate, read_trec_run
+from seed_fairseq.base.retrieval_data import DataFormatError, load_data
+from seed_fairseq.encoders.retrieval.cli import positive_int, report, seed_int
+from seed_fairseq.encoders.retrieval.metrics import check_run_covers, compare, evaluate, read_trec_run
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,9 +1,0 @@
-"""One-command verification of a CUDA machine (``scripts/gpu_check.sh``, docs/gpu.md).
-
-A wing over the plugin, ``preprocess``, ``hf`` and ``retrieval``; nothing imports it.
-``cli.py`` runs the stages; ``profile.py`` holds every difference between a GPU run and
-the dry run (device, precisions, shape, backend); ``search.py`` finds the largest batch;
-``runs.py`` trains in this process through fairseq's ``Trainer``; ``checks.py`` runs the
-real ``fairseq-train``, the export, encoding and faiss; ``report.py`` writes the report.
-Importing it imports no fairseq (the stages import it when they run).
-"""

@@ -1,0 +1,214 @@
+"""What one adaptation does, resolved from the flags, and where it keeps everything.
+
+    OUT/adapt.json          the tool's record: the folder is its own
+    OUT/.stages/            the stage records (preprocess.stages.Runner)
+    OUT/import/             the model, imported (seed_fairseq.encoders.hf.import_)
+    OUT/corpus/             pretrain.txt and heldout.txt: the documents held out of pre-training
+                            for the derived retrieval set (without --retrieval-dev)
+    OUT/retrieval/          the retrieval set derived from heldout.txt (without --retrieval-dev)
+    OUT/data-bin/           the pre-training text encoded with the model's tokenizer (preprocess.build)
+    OUT/generator/          SimLM's generator, when the model has no MLM head of its own
+    OUT/pretrain/           fairseq-train's save-dir and train.log
+    OUT/model/              THE ADAPTED MODEL: the best checkpoint, exported to HuggingFace
+    OUT/roundtrip/          the import exported unchanged, compared with --model (the reference,
+                            evaluated as it is: compare/roundtrip.py)
+    OUT/bm25/  OUT/eval/<stage>/     the runs of every evaluated model
+    OUT/report.md  report.json  report.png
+"""
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ...base.fileio import check_output_dir, lock_folder, write_json_atomic
+from ...encoders.retrieval.config import FinetuneConfig
+from ..kit.objectives import PretrainSettings
+
+TOOL = "seed_fairseq.adapt"
+RECORD = "adapt.json"
+STATE = ".stages"
+
+# ---------------------------------------------------------------------------
+# defaults, each with its reason (docs/adapt.md repeats them for users)
+# ---------------------------------------------------------------------------
+
+# Issue 23's measurements were made at batch 16 x 128, lr 1e-4: the damage to a trained
+# encoder shows within 40 updates, so 200 are enough to see whether an objective helps.
+UPDATES = 200
+BATCH_SIZE = 16
+# A trained encoder continues at a fine-tuning rate: the comparison's 5e-4 trains from noise.
+LR = 1e-4
+WARMUP_SHARE = 0.1  # of --updates: the schedule's linear warm-up
+# The comparison's --init blocks; a model with fewer positions gets blocks of its size.
+TOKENS_PER_SAMPLE = 128
+VALIDATIONS = 5  # validations (and saved checkpoints) per run: the best one is kept
+# The unsupervised probe's candidates (diagnostics.py; chance is about 2.9/N), when it chooses the
+# checkpoint.  With a dev set it is off: its N validation blocks made every validation of MiniLM
+# at 16 x 128 cost minutes on 2 cores (the loss and diagnostics run over every validation block).
+PROBE_SIZE = 128
+# New heads (an MLM head the model lacks, the objective's decoders) are trained alone
+# for this share of the updates, then the encoder joins with its own linear warm-up.
+FREEZE_SHARE = 0.25
+# ... and then learns at this share of the heads' rate.  Measured on MiniLM + the Debian corpus
+# (docs/hf.md, docs/adapt_study.md): after the freeze alone zero-shot nDCG@10 still fell from 0.216
+# to 0.166 within 40 updates of SEED; with the encoder at 0.1x it stayed at 0.215 (p 0.20).
+ENCODER_LR_SCALE = 0.1
+GENERATOR_SHARE = 0.5  # SimLM: updates of the generator's head, trained on the frozen model
+# Without --retrieval-dev: documents held out of pre-training for the derived retrieval set
+# (a query must not have been seen next to its passage in pre-training).
+HELDOUT_SHARE = 0.2
+MAX_HELDOUT_DOCS = 400  # the comparison's standard preset derives its set from 400 documents
+MIN_HELDOUT_DOCS = 6  # derive_retrieval_set's test, dev and train splits need a few documents each
+# Evaluation and fine-tuning length: passages of a few sentences fit; 512 costs ~3x on a CPU.
+MAX_SEQ_LENGTH = 256
+K = 100  # ranked documents per query: enough for R@100
+RESAMPLES = 10000  # the paired permutation test's resamples
+
+# the validation metrics the best checkpoint is chosen by (logged by the task at every validation)
+DEV_METRIC = "dev_ndcg10"  # with a labelled dev set (the task's --retrieval-dev)
+PROBE_METRIC = "probe_mrr10"  # without one: the unsupervised probe (--retrieval-probe-size)
+SELECTION_METRICS = (DEV_METRIC, "dev_mrr10", PROBE_METRIC)
+
+# the files each stage writes in its folder (Stage.writes)
+SPLIT_FILES = ("pretrain.txt", "heldout.txt")
+RUN_FILES = ("run.trec", "summary.json")
+REPORT_FILES = ("report.md", "report.json", "report.png")
+
+
+def log(msg: str) -> None:
+    print(f"[adapt {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class AdaptPlan:
+    """Everything one run does, resolved from the flags and the defaults."""
+
+    out: Path
+    model: Path
+    corpus: Path
+    objective: str  # the comparison's name of the objective (seed, mlm, retromae, ...)
+    seed: int
+    retrieval_dev: Optional[Path]  # a labelled BEIR / MS MARCO folder, else the set is derived
+    train_queries: Optional[Path]  # a BEIR / MS MARCO folder with a train split: both models fine-tuned
+    test_split: str  # the split the report evaluates on
+    heldout_docs: int  # documents held out for the derived set (0 with --retrieval-dev)
+    pretrain: PretrainSettings  # encoder_args: the import's model_args.txt, read when the stage runs
+    valid_docs: int  # held out of the pre-training text for validation, at least (compare/heldout.py)
+    valid_blocks: int
+    max_valid_docs: int
+    freeze_updates: Optional[int]  # None: chosen from the heads the import lacks
+    encoder_warmup_updates: int
+    encoder_lr_scale: float
+    layer_lr_decay: float
+    best_metric: str
+    dev_in_training: bool  # the task scores the dev set at every validation (--retrieval-dev)
+    generator_updates: int
+    finetune: FinetuneConfig
+    max_seq_length: int
+    k: int
+    resamples: int
+    threads: int
+    command: str
+    settings: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def derived(self) -> bool:
+        return self.retrieval_dev is None
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.pretrain.gpu else "cpu"
+
+
+class Paths:
+    """The folders of one plan's run."""
+
+    def __init__(self, plan: AdaptPlan):
+        self.plan = plan
+        self.out = plan.out
+
+    @property
+    def imported(self) -> Path:
+        return self.out / "import"
+
+    @property
+    def data_bin(self) -> Path:
+        return self.out / "data-bin"
+
+    @property
+    def pretrain_dir(self) -> Path:
+        return self.out / "pretrain"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.out / "model"
+
+    @property
+    def roundtrip_dir(self) -> Path:
+        return self.out / "roundtrip"
+
+    @property
+    def eval_set(self) -> Path:
+        """The retrieval set the report evaluates on (and, with --retrieval-dev, the checkpoint is chosen on)."""
+        return self.plan.retrieval_dev or self.out / "retrieval"
+
+    @property
+    def train_set(self) -> Optional[Path]:
+        """The folder whose train split fine-tunes both models (--train-queries)."""
+        return self.plan.train_queries
+
+    @property
+    def pretrain_text(self) -> Path:
+        return self.out / "corpus" / "pretrain.txt" if self.plan.derived else self.plan.corpus
+
+    def eval_dir(self, stage: str) -> Path:
+        return self.out / "eval" / stage
+
+    def import_record(self) -> Dict[str, Any]:
+        from ...encoders.hf.import_ import IMPORT_RECORD
+
+        return json.loads((self.imported / IMPORT_RECORD).read_text(encoding="utf-8"))
+
+
+def heldout_split(n_docs: int, heldout: int, seed: int = 1) -> Tuple[List[int], List[int]]:
+    """(pre-training, held-out) document indices, each in corpus order: a seeded choice of ``heldout``."""
+    chosen = set(random.Random(seed).sample(range(n_docs), heldout)) if heldout else set()
+    return [i for i in range(n_docs) if i not in chosen], sorted(chosen)
+
+
+def default_heldout(n_docs: int) -> int:
+    return min(MAX_HELDOUT_DOCS, max(MIN_HELDOUT_DOCS, round(HELDOUT_SHARE * n_docs)))
+
+
+# ---------------------------------------------------------------------------
+# --out: the tool's own folder
+# ---------------------------------------------------------------------------
+
+
+def _is_own_record(path: Path, tool: str = TOOL) -> bool:
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("tool") == tool
+
+
+def claim_out(
+    out: Path, record: str = RECORD, tool: str = TOOL, owner: str = "the adaptation (examples/adapt.py)"
+) -> None:
+    """Make ``out`` this tool's folder (new or empty: create the record; with the record: an
+    earlier run, resumed) or refuse with :class:`OutputError` (``fileio.check_output_dir``).
+    ``record``, ``tool``, ``owner``: the study's (``study.py``) are its own."""
+    if check_output_dir(out, record, owner, is_own=lambda path: _is_own_record(path, tool)):
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / record, {"tool": tool, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def lock_out(out: Path, what: str = "adaptation") -> Optional[int]:
+    """One run per ``out``, held for the process's life (``fileio.lock_folder``)."""
+    return lock_folder(out, f"another {what} is running in this folder", lock_file=".lock")

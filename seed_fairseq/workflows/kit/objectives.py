@@ -1,0 +1,356 @@
+"""The objectives the comparison runs, as ``fairseq-train`` arguments over ONE encoder.
+
+Every objective gets the same encoder options (``--encoder-*`` from the preset, or
+an imported model's ``model_args.txt``), data, blocks, optimiser, schedule, update
+count and seed; only the task, criterion, architecture (its pre-training heads)
+and the objective's own settings (its paper's masking rates, loss weights) differ.
+The architectures are the ``*_base`` ones: with the encoder sizes given
+explicitly, their decoders follow the encoder's width, as in the papers.
+
+An objective that encodes several views of every text (CPDAE: two) gets that
+share of the texts per update (``texts_per_update_factor``): the encoder then sees
+the same number of tokens per update as every other objective.
+
+``OBJECTIVES`` holds every registered objective with a full-size architecture that
+fairseq-train can load (the plugin's own, or one whose description names its
+``user_dir``); ``ORDER``, the default set, is the plugin's own: an objective of
+another ``--user-dir`` runs when named.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from ...base.objectives import ObjectiveDescription
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    label: str
+    task: str
+    criterion: str
+    arch: str
+    # the objective's own settings (its paper's defaults are the task's defaults)
+    extra: Tuple[str, ...] = ()
+    # texts per update relative to the others (CPDAE: 2 views per text -> 1/2)
+    texts_per_update_factor: float = 1.0
+    # representations evaluated: the model's own vector ([CLS] + dot from scratch, the import's
+    # pooling and similarity with --init), and DupMAE's own dense + sparse one
+    representations: Tuple[str, ...] = ("own",)
+    needs_generator: bool = False
+    notes: str = ""
+    # the --user-dir of an objective registered outside the plugin (objective_args adds it)
+    user_dir: str = ""
+    # what the report and the help texts say of it (seed_fairseq/base/objectives.py)
+    description: Optional[ObjectiveDescription] = None
+
+
+class _Registered(Mapping):
+    """The plugin's registered objectives as comparison specs, by their ``--objectives`` name,
+    in table order.  Read from the task classes' descriptions (``seed_fairseq.base.objectives``) on
+    first use, not at import: listing them imports fairseq, the comparison library does not."""
+
+    def __init__(self):
+        self._specs: Optional[Dict[str, ObjectiveSpec]] = None
+
+    def _load(self) -> Dict[str, ObjectiveSpec]:
+        if self._specs is None:
+            from ...pretrain.tasks.registry import registered_objectives
+
+            self._specs = {
+                d.comparison_name: ObjectiveSpec(
+                    d.comparison_name,
+                    d.label,
+                    d.task,
+                    d.criterion,
+                    d.arch,
+                    d.args,
+                    d.texts_per_update_factor,
+                    d.representations,
+                    d.needs_generator,
+                    d.notes,
+                    d.user_dir,
+                    d,
+                )
+                for d in registered_objectives()
+                # fairseq-train loads the plugin's own with --user-dir seed_fairseq, another's with its user_dir
+                if d.arch and (d.user_dir or _registered_module(d.task).startswith("seed_fairseq."))
+            }
+        return self._specs
+
+    def __getitem__(self, name: str) -> ObjectiveSpec:
+        return self._load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+class _Order(Sequence):
+    """The default objectives: the plugin's own of ``OBJECTIVES`` (not another ``--user-dir``'s), in
+    table order, read on first use like it."""
+
+    def _names(self) -> Tuple[str, ...]:
+        return tuple(name for name, spec in OBJECTIVES.items() if not spec.user_dir)
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+def _registered_module(task: str) -> str:
+    from fairseq.tasks import TASK_REGISTRY
+
+    return getattr(TASK_REGISTRY.get(task), "__module__", "")
+
+
+OBJECTIVES: Mapping[str, ObjectiveSpec] = _Registered()
+ORDER: Sequence[str] = _Order()
+BASELINE = "mlm"
+
+
+@dataclass(frozen=True)
+class EvalModel:
+    """One evaluated row: an objective's model with one representation."""
+
+    objective: str
+    representation: str
+
+    @property
+    def key(self) -> str:
+        # an objective evaluated one way is its name; DupMAE's two rows are dupmae+dupmae and dupmae+own
+        if len(OBJECTIVES[self.objective].representations) == 1:
+            return self.objective
+        return f"{self.objective}+{self.representation}"
+
+    @property
+    def label(self) -> str:
+        spec = OBJECTIVES[self.objective]
+        if len(spec.representations) == 1:
+            return spec.label
+        return f"{spec.label} ({'dense+sparse' if self.representation == 'dupmae' else 'dense only'})"
+
+
+def eval_models(objectives: List[str]) -> List[EvalModel]:
+    return [EvalModel(o, r) for o in objectives for r in OBJECTIVES[o].representations]
+
+
+def parse_objectives(text: str) -> List[str]:
+    """``seed,mlm`` -> ['seed', 'mlm'] in the given order; ValueError names the unknown ones."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in OBJECTIVES]
+    if unknown:
+        raise ValueError(f"--objectives: unknown {', '.join(unknown)}; choose from {','.join(OBJECTIVES)}")
+    if not names:
+        raise ValueError(f"--objectives: none given; choose from {','.join(ORDER)}")
+    if len(set(names)) != len(names):
+        raise ValueError("--objectives: an objective is listed twice")
+    return names
+
+
+@dataclass
+class PretrainSettings:
+    """What every objective's pre-training shares (the identical budget)."""
+
+    encoder_args: List[str]
+    tokens_per_sample: int
+    batch_size: int  # texts per process per step for a one-view objective
+    update_freq: int
+    updates: int
+    warmup: int
+    lr: float
+    validate_every: int
+    probe_size: int
+    fairseq_args: List[str] = field(default_factory=list)
+    gpu: bool = False
+    save_every: int = 0
+
+    def batch_for(self, spec: ObjectiveSpec) -> int:
+        b = self.batch_size * spec.texts_per_update_factor
+        if b != int(b) or b < 1:
+            raise ValueError(
+                f"--batch-size {self.batch_size}: {spec.name} needs {spec.texts_per_update_factor} x it to be a "
+                "whole number of texts (two views each); use an even --batch-size"
+            )
+        return int(b)
+
+
+# fairseq-train options that set the schedule's lengths and intervals, not what one update computes
+SCHEDULE_OPTIONS = (
+    "--warmup-updates",
+    "--total-num-update",
+    "--max-update",
+    "--validate-interval-updates",
+    "--save-interval-updates",
+)
+
+
+# What one update computes of the settings (every field but the schedule's lengths and
+# intervals): the FLOPs stage reads these, and counts with ``per_update_settings``.
+PER_UPDATE_FIELDS = tuple(
+    f"pretrain.{name}"
+    for name in ("encoder_args", "tokens_per_sample", "batch_size", "update_freq", "lr", "fairseq_args", "gpu")
+)
+
+
+def per_update_settings(s: PretrainSettings) -> PretrainSettings:
+    """``s`` with its schedule's lengths and intervals set to fixed values (1 update, no warm-up,
+    no validation): the settings one update's FLOPs are counted with.  Reads only the fields of
+    ``PER_UPDATE_FIELDS``."""
+    return PretrainSettings(
+        encoder_args=list(s.encoder_args),
+        tokens_per_sample=s.tokens_per_sample,
+        batch_size=s.batch_size,
+        update_freq=s.update_freq,
+        updates=1,
+        warmup=0,
+        lr=s.lr,
+        validate_every=0,
+        probe_size=0,
+        fairseq_args=list(s.fairseq_args),
+        gpu=s.gpu,
+        save_every=1,
+    )
+
+
+def per_update_args(args: List[str]) -> List[str]:
+    """``args`` without the schedule options (each followed by its value): what a FLOPs count depends on."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in SCHEDULE_OPTIONS:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def common_args(s: PretrainSettings) -> List[str]:
+    """The fairseq-train options shared by every objective and by the generator."""
+    return [
+        "--tokens-per-sample",
+        str(s.tokens_per_sample),
+        "--sample-break-mode",
+        "complete",
+        "--update-freq",
+        str(s.update_freq),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9,0.999)",
+        "--adam-eps",
+        "1e-6",
+        "--weight-decay",
+        "0.01",
+        "--lr",
+        str(s.lr),
+        "--lr-scheduler",
+        "polynomial_decay",
+        "--warmup-updates",
+        str(s.warmup),
+        "--total-num-update",
+        str(s.updates),
+        "--max-update",
+        str(s.updates),
+        "--clip-norm",
+        "1.0",
+        "--dropout",
+        "0.1",
+        "--attention-dropout",
+        "0.1",
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "10",
+        "--num-workers",
+        "0",
+        # CPU: denormal flush (the Adam moments of rare vocabulary rows; see --flush-denormal of the tasks)
+        *([] if s.gpu else ["--cpu", "--flush-denormal"]),
+    ]
+
+
+def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generator: str = None) -> List[str]:
+    """fairseq-train arguments (after DATA) of one objective's pre-training run."""
+    if spec.needs_generator and not generator:
+        raise ValueError(f"{spec.name} needs a generator checkpoint")
+    # validation (and its diagnostics) every validate_every updates only, not also at every epoch end
+    # of a small corpus; checkpoints at the same updates (fairseq validates at every mid-epoch save)
+    validation = (
+        [
+            "--validate-interval-updates",
+            str(s.validate_every),
+            "--validate-interval",
+            "1000000",
+            "--retrieval-probe-size",
+            str(s.probe_size),
+        ]
+        if s.validate_every
+        else ["--disable-validation"]
+    )
+    return [
+        *(["--user-dir", spec.user_dir] if spec.user_dir else []),
+        "--task",
+        spec.task,
+        "--criterion",
+        spec.criterion,
+        "--arch",
+        spec.arch,
+        *s.encoder_args,
+        *spec.extra,
+        *(["--generator-path", str(generator)] if spec.needs_generator else []),
+        "--batch-size",
+        str(s.batch_for(spec)),
+        *common_args(s),
+        *validation,
+        "--save-interval-updates",
+        str(s.validate_every or s.save_every),
+        "--keep-interval-updates",
+        "1",
+        "--seed",
+        str(seed),
+        *s.fairseq_args,
+    ]
+
+
+# ---------------------------------------------------------------------------
+# --fairseq-args: added options, never a second value for a planned one
+# ---------------------------------------------------------------------------
+
+
+def _training_options() -> Mapping[str, str]:
+    """fairseq-train's option strings -> their destination (``--max-sentences`` is ``batch_size``)."""
+    from fairseq import options
+
+    return {opt: action.dest for opt, action in options.get_training_parser()._option_string_actions.items()}
+
+
+def _options(args: Sequence[str], dests: Mapping[str, str]) -> Dict[str, str]:
+    """{destination: the option as written} of the options in ``args`` (values and negative numbers skipped)."""
+    found: Dict[str, str] = {}
+    for a in args:
+        if not a.startswith("-") or a[1:2].isdigit() or a[1:2] == ".":
+            continue
+        opt = a.split("=", 1)[0]
+        found.setdefault(dests.get(opt, opt.lstrip("-").replace("-", "_")), opt)
+    return found
+
+
+def check_fairseq_args(user: Sequence[str], planned: Sequence[str], flag: str = "--fairseq-args") -> None:
+    """ValueError when ``user`` (``--fairseq-args``) sets an option of ``planned`` (the tool's own
+    fairseq-train arguments), under its name or an alias (``--max-sentences`` for ``--batch-size``):
+    fairseq would take the last value, while the tool's report states its planned one.  Options the
+    tool does not set (``--fp16``, ``--required-batch-size-multiple``) are what the flag is for."""
+    dests = _training_options()
+    mine = _options(planned, dests)
+    for dest, opt in _options(user, dests).items():
+        if dest in mine:
+            raise ValueError(
+                f"{flag}: {opt} is planned by the tool (as {mine[dest]}), and its report states the planned value; "
+                "set it with the tool's own flag (see --help) instead of overriding it"
+            )

@@ -1,0 +1,80 @@
+"""Aggregation over pre-training seeds, and the paired test against the baseline.
+
+* :func:`mean_std`: the mean and the sample standard deviation (``ddof=1``; 0 for
+  one seed, where no spread can be measured -- the table then shows ``n=1``).
+* :func:`seed_mean_per_query`: a system's per-query values averaged over its seeds.
+* :func:`paired_p`: the two-sided paired permutation test
+  (``seed_fairseq.encoders.retrieval.metrics.permutation_test``) of system A against system
+  B over the queries, each query's value being its mean over the seeds.  Averaging
+  over seeds first keeps the test's unit the query (the seeds are not independent
+  samples of the query population) and makes it see the seed-averaged systems.
+"""
+
+import math
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from ...encoders.retrieval.metrics import permutation_test
+
+PerQuery = Mapping[str, float]
+
+
+def mean_std(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    """{"mean", "std", "n"}; std is the sample standard deviation (None for no value)."""
+    vals = [float(v) for v in values]
+    n = len(vals)
+    if n == 0:
+        return {"mean": None, "std": None, "n": 0}
+    mean = sum(vals) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+    return {"mean": mean, "std": std, "n": n}
+
+
+def aggregate_seeds(per_seed: Sequence[Mapping[str, float]]) -> Dict[str, Dict[str, Optional[float]]]:
+    """[{metric: value} of each seed] -> {metric: mean_std}; every seed must report every metric."""
+    if not per_seed:
+        return {}
+    names = list(per_seed[0])
+    for i, row in enumerate(per_seed):
+        if set(row) != set(names):
+            raise ValueError(f"seed #{i} reports {sorted(row)}, the first seed {sorted(names)}")
+    return {n: mean_std([row[n] for row in per_seed]) for n in names}
+
+
+def seed_mean_per_query(per_seed: Sequence[PerQuery]) -> Dict[str, float]:
+    """{qid: mean over seeds}; every seed must cover the same queries (the judged queries of one split)."""
+    if not per_seed:
+        raise ValueError("no seed to average")
+    qids = sorted(per_seed[0])
+    for i, row in enumerate(per_seed):
+        if sorted(row) != qids:
+            raise ValueError(f"seed #{i} has other queries than the first seed")
+    return {q: sum(row[q] for row in per_seed) / len(per_seed) for q in qids}
+
+
+def paired_p(a: Sequence[PerQuery], b: Sequence[PerQuery], n_resamples: int = 10000, seed: int = 0) -> float:
+    """p-value of A vs B: paired permutation test over the queries of the seed-averaged values."""
+    ma, mb = seed_mean_per_query(a), seed_mean_per_query(b)
+    if sorted(ma) != sorted(mb):
+        raise ValueError("the two systems were evaluated on different queries")
+    qids = sorted(ma)
+    return permutation_test([ma[q] for q in qids], [mb[q] for q in qids], n_resamples=n_resamples, seed=seed)
+
+
+def fmt_mean_std(agg: Mapping[str, Optional[float]], digits: int = 3) -> str:
+    if not agg or agg.get("mean") is None:
+        return "-"
+    if agg.get("n", 1) > 1:
+        return f"{agg['mean']:.{digits}f} ± {agg['std']:.{digits}f}"
+    return f"{agg['mean']:.{digits}f}"
+
+
+def fmt_p(p: Optional[float]) -> str:
+    return "-" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def transpose(rows: List[Dict[str, float]]) -> Dict[str, List[float]]:
+    out: Dict[str, List[float]] = {}
+    for row in rows:
+        for k, v in row.items():
+            out.setdefault(k, []).append(v)
+    return out

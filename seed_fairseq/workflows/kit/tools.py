@@ -1,0 +1,45 @@
+"""The command-line tools a workflow's stages start: where they are, their environment, a run
+logged to a file (stopped with the driver: interrupt.py)."""
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from .interrupt import run_child
+from .layout import StageError, log
+
+
+def fairseq_bin(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def child_env(threads: int) -> Dict[str, str]:
+    """The environment of the tools the stages start: ``threads`` CPU threads, quiet, offline,
+    and this checkout's plugin and preprocess package importable (fairseq-train's ``--user-dir``)."""
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        PYTHONWARNINGS="ignore",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool = False, say=log) -> None:
+    """Run a command-line tool with its output in ``log_file``; :class:`StageError` with its tail on failure."""
+    cmd = [str(c) for c in cmd]
+    say(" ".join(shlex.quote(c) for c in cmd))
+    with open(log_file, "a" if append else "w", encoding="utf-8") as f:
+        returncode = run_child(cmd, f, env)  # an interrupt of the driver stops it first (interrupt.py)
+    if returncode != 0:
+        tail = log_file.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise StageError(log_file, f"{Path(cmd[0]).name} failed (exit {returncode}); see this log", tail)
+
+
+USER_DIR = str(Path(__file__).resolve().parents[2])
