@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from ..kit.layout import StageError
 from ..kit.logs import read_valid
-from ..kit.objectives import OBJECTIVES, ObjectiveSpec, common_args, objective_args
+from ..kit.objectives import OBJECTIVES, ObjectiveSpec, generator_args, objective_args
 from .plan import FREEZE_SHARE, Paths
 
 
@@ -103,12 +103,9 @@ class Training(Paths):
         that predicts with the model's own features, for SimLM's replaced tokens."""
         p = self.plan
         s = replace(p.pretrain, updates=p.generator_updates, warmup=max(1, p.generator_updates // 10))
-        return [
-            "--task", "seed_pretrain", "--criterion", "seed_pretrain", "--arch", "seed_encoder_mlm_only",
-            *([] if planned else self.model_args()), "--mlm-weight", "1.0", "--batch-size", str(s.batch_size),
-            *common_args(s), "--disable-validation", "--seed", str(p.seed), *self.warm_start(),
-            "--freeze-encoder-updates", str(p.generator_updates), *([] if planned else s.fairseq_args),
-        ]  # fmt: skip
+        rest = [*self.warm_start(), "--freeze-encoder-updates", str(p.generator_updates)]
+        return generator_args(s, p.seed, *rest, *([] if planned else s.fairseq_args),
+                              model=[] if planned else self.model_args())  # fmt: skip
 
     def choose_checkpoint(self) -> Dict[str, Any]:
         """The checkpoint the adapted model is: fairseq's ``checkpoint_best.pt`` (the best
