@@ -38,10 +38,7 @@ class Training(Paths):
         pre-training heads (``heads`` of its description, ``seed_fairseq/base/objectives.py``; freshly
         initialised, except SimLM's decoder, copied from the encoder's last layers).  Untrained
         for the encoder's outputs, each sends it large gradients at first."""
-        from ...pretrain.tasks.registry import registered_objectives
-
-        described = [d for d in registered_objectives() if d.comparison_name == self.plan.objective]
-        return [*self.import_record()["fresh_heads"], *(h.rstrip(".") for d in described[:1] for h in d.heads)]
+        return [*self.import_record()["fresh_heads"], *(h.rstrip(".") for h in self.spec.description.heads)]
 
     def freeze_updates(self) -> int:
         """--freeze-encoder-updates: the user's, or FREEZE_SHARE of the updates when there is a new head."""

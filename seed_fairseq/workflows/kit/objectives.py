@@ -153,6 +153,19 @@ def parse_objectives(text: str) -> List[str]:
     return names
 
 
+def parse_objective(text: str) -> ObjectiveSpec:
+    """One objective's name (adapt's ``--objective``) -> its spec (its description in it); ValueError
+    names what is wrong: none, several, an unknown name."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--objective: none given; choose from {','.join(ORDER)}")
+    if len(names) > 1:
+        raise ValueError("--objective: one objective (examples/compare_objectives.py compares several)")
+    if names[0] not in OBJECTIVES:
+        raise ValueError(f"--objective: unknown {names[0]}; choose from {','.join(OBJECTIVES)}")
+    return OBJECTIVES[names[0]]
+
+
 @dataclass
 class PretrainSettings:
     """What every objective's pre-training shares (the identical budget)."""
