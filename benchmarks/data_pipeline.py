@@ -42,29 +42,29 @@ import step_time  # this folder's: the data-bin and SimLM's generator, made as f
 
 BASE = ["--encoder-layers", "12", "--encoder-embed-dim", "768", "--encoder-ffn-embed-dim", "3072"]
 BASE += ["--encoder-attention-heads", "12"]
-REFERENCE = ("masked_lm", "masked_lm", "masked_lm", "roberta_base", (), False)
 
 
 def setups():
-    """name -> (task, criterion, arch, args, needs a generator): fairseq's masked_lm, then the registry's."""
+    """name -> its ObjectiveDescription: fairseq's masked_lm, then the registry's."""
     import seed_fairseq  # noqa: F401  (registers the plugin)
     from seed_fairseq.pretrain.tasks.registry import registered_objectives
+    from seed_fairseq.workflows.kit.argv import FAIRSEQ_MLM
 
-    out = {REFERENCE[0]: REFERENCE[1:]}
+    out = {FAIRSEQ_MLM.name: FAIRSEQ_MLM}
     for d in registered_objectives():
         if d.arch and not d.user_dir:  # the plugin's own (another --user-dir's is not loaded here)
-            out[d.name] = (d.task, d.criterion, d.arch, tuple(d.args), d.needs_generator)
+            out[d.name] = d
     return out
 
 
 def train_args(setup, args):
-    task, criterion, arch, extra, needs_generator = setup
-    argv = ["--cpu", "--seed", "1", "--task", task, "--criterion", criterion, "--arch", arch, *BASE, *extra]
-    argv += ["--tokens-per-sample", str(args.tokens_per_sample), "--sample-break-mode", args.sample_break_mode]
-    argv += ["--optimizer", "adam", "--lr", "1e-4", "--num-workers", "0"]
-    if needs_generator:
-        argv += ["--generator-path", str(args.generator)]
-    return argv
+    """fairseq-train's arguments after DATA (the kit's builder)."""
+    from seed_fairseq.workflows.kit import argv
+
+    rest = ["--cpu", "--seed", "1", "--tokens-per-sample", str(args.tokens_per_sample), "--sample-break-mode",
+            args.sample_break_mode, "--optimizer", "adam", "--lr", "1e-4", "--num-workers", "0"]  # fmt: skip
+    generator = str(args.generator) if setup.needs_generator else None
+    return argv.train_args(setup, *rest, model=BASE, generator=generator)
 
 
 def measure(name, setup, args):
@@ -142,7 +142,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="data_pipeline_") as tmp:
         data = step_time.build_data(Path(args.corpus), Path(tmp) / "data-bin", args.spm_vocab, args.dict_size)
         args.data = str(data)
-        if any(all_setups[n][4] for n in names):
+        if any(all_setups[n].needs_generator for n in names):
             args.generator = step_time.train_generator(data, Path(tmp) / "generator", "base", 1, args.tokens_per_sample)
         for name in names:
             t = time.perf_counter()

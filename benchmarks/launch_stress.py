@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 
 def _spin():
@@ -62,59 +61,19 @@ def build_data(out: Path) -> Path:
 
 
 def one_run(data: Path, save: Path) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(_free_port()),
-        str(BIN / "fairseq-train"),
-        str(data),
-        "--user-dir",
-        str(REPO / "seed_fairseq"),
-        "--task",
-        "seed_pretrain",
-        "--criterion",
-        "seed_pretrain",
-        "--arch",
-        "seed_encoder_tiny",
-        "--encoder-layers",
-        "2",
-        "--encoder-embed-dim",
-        "32",
-        "--encoder-ffn-embed-dim",
-        "37",
-        "--encoder-attention-heads",
-        "2",
-        "--decoder-layers",
-        "1",
-        "--tokens-per-sample",
-        "48",
-        "--sample-break-mode",
-        "none",
-        "--batch-size",
-        "4",
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.1",
-        "--max-update",
-        "1",
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--disable-validation",
-        "--save-dir",
-        str(save),
-        "--distributed-world-size",
-        "2",
-        "--ddp-backend",
-        "legacy_ddp",
-        "--log-format",
-        "json",
-    ]
+    from seed_fairseq.pretrain.tasks.registry import registered_objectives
+    from seed_fairseq.workflows.kit.argv import command, train_args
+
+    seed = next(d for d in registered_objectives() if d.name == "seed")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(_free_port())]  # fmt: skip
+    model = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37",
+             "--encoder-attention-heads", "2"]  # fmt: skip
+    rest = ["--tokens-per-sample", "48", "--sample-break-mode", "none", "--batch-size", "4", "--optimizer", "sgd",
+            "--lr", "0.1", "--max-update", "1", "--cpu", "--num-workers", "0", "--disable-validation",
+            "--distributed-world-size", "2", "--ddp-backend", "legacy_ddp", "--log-format", "json"]  # fmt: skip
+    args = train_args(seed, *rest, arch="seed_encoder_tiny", model=model, own=["--decoder-layers", "1"])
+    cmd = command(data, args, save_dir=save, launcher=launcher)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 

@@ -72,14 +72,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-USER_DIR = REPO / "seed_fairseq"
 DEMO_CORPUS = REPO / "examples" / "data" / "demo_corpus.txt"
 
 SHAPES = {  # layers, embed dim, FFN dim, heads, tokens per sample
     "tiny": (2, 128, 256, 4, 128),
     "base": (12, 768, 3072, 12, 512),
 }
-REFERENCE_SETUP = ("masked_lm", "masked_lm", "roberta_base", (), False)
 # the benchmark's own variants: name -> (the objective it varies, its further options)
 VARIANTS = {
     "seed_plain": ("seed", ("--vocab-loss", "plain")),
@@ -106,70 +104,37 @@ def build_data(corpus, out, spm_vocab, dict_size):
 
 
 def setups():
-    """name -> (task, criterion, arch, its options, needs a generator): masked_lm first (the reference),
-    then every objective of the plugin's registry (its description's full-size arch and settings),
-    then ``VARIANTS``."""
+    """name -> its ObjectiveDescription: fairseq's masked_lm first (the reference), then every objective
+    of the plugin's registry (its full-size arch and settings), then ``VARIANTS``."""
+    import dataclasses
+
     import seed_fairseq  # noqa: F401  (registers the plugin)
     from seed_fairseq.pretrain.tasks.registry import registered_objectives
+    from seed_fairseq.workflows.kit.argv import FAIRSEQ_MLM
 
-    out = {REFERENCE: REFERENCE_SETUP}
+    out = {REFERENCE: FAIRSEQ_MLM}
     for d in registered_objectives():
         if d.arch and not d.user_dir:  # fairseq-train runs them with --user-dir seed_fairseq
-            out[d.name] = (d.task, d.criterion, d.arch, tuple(d.args), d.needs_generator)
+            out[d.name] = d
     for name, (base, options) in VARIANTS.items():
         if base in out:
-            task, criterion, arch, own, gen = out[base]
-            out[name] = (task, criterion, arch, (*own, *options), gen)
+            out[name] = dataclasses.replace(out[base], name=name, args=(*out[base].args, *options))
     return out
 
 
 def fairseq_argv(setup, args):
-    task, criterion, arch, extra, needs_generator = setups()[setup]
-    extra = [*extra, *(["--generator-path", args.generator] if needs_generator else [])]
+    """What the worker parses: ``DATA --user-dir seed_fairseq`` and the setup's arguments (the kit's builder)."""
+    from seed_fairseq.base.user_dir import parse_argv
+    from seed_fairseq.workflows.kit.argv import train_args
+
     layers, dim, ffn, heads, _ = SHAPES[args.arch_size]
-    return [
-        args.data,
-        "--user-dir",
-        str(USER_DIR),
-        "--cpu",
-        "--seed",
-        "1",
-        "--task",
-        task,
-        "--criterion",
-        criterion,
-        "--arch",
-        arch,
-        "--encoder-layers",
-        str(layers),
-        "--encoder-embed-dim",
-        str(dim),
-        "--encoder-ffn-embed-dim",
-        str(ffn),
-        "--encoder-attention-heads",
-        str(heads),
-        "--tokens-per-sample",
-        str(args.tokens_per_sample),
-        "--sample-break-mode",
-        "complete",
-        "--batch-size",
-        str(args.batch_size),
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9,0.98)",
-        "--adam-eps",
-        "1e-6",
-        "--weight-decay",
-        "0.01",
-        "--lr",
-        "1e-4",
-        "--lr-scheduler",
-        "fixed",
-        "--num-workers",
-        "0",
-        *extra,
-    ]
+    model = ["--encoder-layers", str(layers), "--encoder-embed-dim", str(dim), "--encoder-ffn-embed-dim", str(ffn)]
+    rest = ["--cpu", "--seed", "1", "--tokens-per-sample", str(args.tokens_per_sample), "--sample-break-mode",
+            "complete", "--batch-size", str(args.batch_size), "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+            "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr", "1e-4", "--lr-scheduler", "fixed",
+            "--num-workers", "0"]  # fmt: skip
+    model += ["--encoder-attention-heads", str(heads)]
+    return parse_argv(args.data, train_args(setups()[setup], *rest, model=model, generator=args.generator))
 
 
 def current_rss_kb():
@@ -308,44 +273,15 @@ def run_worker(setup, args, data, log_dir):
 
 def train_generator(data, out, arch_size, threads, tokens_per_sample):
     """SimLM's frozen generator: a 1-update masked LM in the generator's shape (its cost, not its quality)."""
+    from seed_fairseq.workflows.kit.argv import GENERATOR, command, train_args
+
     layers, dim, ffn, heads = GENERATOR_SHAPES[arch_size]
-    cmd = [
-        os.path.join(os.path.dirname(sys.executable), "fairseq-train"),
-        str(data),
-        "--user-dir",
-        str(USER_DIR),
-        "--cpu",
-        "--task",
-        "seed_pretrain",
-        "--criterion",
-        "seed_pretrain",
-        "--arch",
-        "seed_encoder_mlm_only",
-        "--encoder-layers",
-        str(layers),
-        "--encoder-embed-dim",
-        str(dim),
-        "--encoder-ffn-embed-dim",
-        str(ffn),
-        "--encoder-attention-heads",
-        str(heads),
-        "--tokens-per-sample",
-        str(tokens_per_sample),  # the generator's positions must cover SimLM's blocks
-        "--batch-size",
-        "2",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "1e-4",
-        "--max-update",
-        "1",
-        "--num-workers",
-        "0",
-        "--no-epoch-checkpoints",
-        "--disable-validation",
-        "--save-dir",
-        str(out),
-    ]
+    model = ["--encoder-layers", str(layers), "--encoder-embed-dim", str(dim), "--encoder-ffn-embed-dim", str(ffn),
+             "--encoder-attention-heads", str(heads)]  # fmt: skip
+    rest = ["--cpu", "--tokens-per-sample", str(tokens_per_sample),  # the generator's positions cover SimLM's blocks
+            "--batch-size", "2", "--optimizer", "adam", "--lr", "1e-4", "--max-update", "1", "--num-workers", "0",
+            "--no-epoch-checkpoints", "--disable-validation"]  # fmt: skip
+    cmd = command(data, train_args(GENERATOR, *rest, model=model), save_dir=out)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -361,7 +297,7 @@ def run(args, chosen):
         args.data = str(data)
         print(f"binarized {Path(args.corpus).name} in {time.perf_counter() - t:.1f}s", flush=True)
         known = setups()
-        if any(known[name][4] for name in chosen):
+        if any(known[name].needs_generator for name in chosen):
             args.generator = str(
                 train_generator(data, Path(tmp) / "generator", args.arch_size, args.threads, args.tokens_per_sample)
             )

@@ -175,7 +175,7 @@ def test_the_benchmarks_measure_every_objective_of_the_plugin(monkeypatch):
 
     plugin = [o for o in OBJECTIVES.values() if not o.user_dir]
     for known in (step_time.setups(), data_pipeline.setups()):
-        assert "toy" not in known and known["masked_lm"][0] == "masked_lm"
-        by_task = {(t, a): gen for t, _, a, _, gen in known.values()}
+        assert "toy" not in known and known["masked_lm"].task == "masked_lm"
+        by_task = {(d.task, d.arch): d.needs_generator for d in known.values()}
         assert all(by_task[(o.task, o.arch)] == o.needs_generator for o in plugin)
-    assert step_time.setups()["seed_plain"][3][-2:] == ("--vocab-loss", "plain")
+    assert step_time.setups()["seed_plain"].args[-2:] == ("--vocab-loss", "plain")

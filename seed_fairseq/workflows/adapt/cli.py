@@ -36,7 +36,7 @@ from ..kit.command import FINETUNE_FLAGS, FINETUNE_TYPES, quiet_libraries, read_
 from ..kit.heldout import blocks_needed, plan_valid_docs
 from ..kit.interrupt import Interrupted, handle_interrupts
 from ..kit.layout import write_retrieval_set
-from ..kit.objectives import OBJECTIVES, ORDER, PretrainSettings, check_fairseq_args, parse_objectives
+from ..kit.objectives import ORDER, PretrainSettings, check_fairseq_args, parse_objective
 from . import plan as defaults
 from .pipeline import Adaptation
 from .plan import AdaptPlan, claim_out, default_heldout, heldout_split, lock_out
@@ -51,9 +51,17 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="adapt.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_options(p, lambda p: p.add_argument("--objective", required=True,
+                                            help=f"one of {', '.join(ORDER)} (the comparison's names)"))  # fmt: skip
+    return p
+
+
+def add_options(p: argparse.ArgumentParser, add_objective: Callable[[argparse.ArgumentParser], Any]) -> None:
+    """The options of adapt.py and the study (``study.parser``): each adds its own objective flag
+    (``add_objective``: --objective here, --objectives there), in the same place of the help."""
     p.add_argument("--model", required=True, help="a local HuggingFace BERT, RoBERTa or XLM-R folder")
     p.add_argument("--corpus", required=True, help="the domain's text: a paragraph a line, documents apart")
-    p.add_argument("--objective", required=True, help=f"one of {', '.join(ORDER)} (the comparison's names)")
+    add_objective(p)
     p.add_argument("--out", required=True, help="missing, empty, or an earlier output of this tool")
     g = p.add_argument_group("evaluation")
     g.add_argument(
@@ -121,7 +129,6 @@ def parser() -> argparse.ArgumentParser:
                    "--updates / 2)")  # fmt: skip
     g = p.add_argument_group("fine-tuning with --train-queries (identical for both models)")
     add_config_args(g, FINETUNE_FLAGS, types=FINETUNE_TYPES)
-    return p
 
 
 def _folder(value: Optional[str], flag: str) -> Optional[Path]:
@@ -157,14 +164,7 @@ def check_derived_set(docs: List[List[str]], corpus: Path, need_dev: bool) -> No
 
 def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPlan:
     """The resolved plan; ValueError / OutputError / DataFormatError for what must be refused before anything runs."""
-    try:
-        names = parse_objectives(args.objective)
-    except ValueError as e:  # its message names the comparison's --objectives
-        raise ValueError(str(e).replace("--objectives", "--objective", 1)) from None
-    if len(names) != 1:
-        raise ValueError("--objective: one objective (examples/compare_objectives.py compares several)")
-    objective = names[0]
-    spec = OBJECTIVES[objective]
+    spec = parse_objective(args.objective)
     out = Path(args.out)
     check_out_path(out)  # a file on the way, a read-only folder, ':' (fairseq's DATA list)
     model = Path(args.model).resolve()
@@ -258,7 +258,7 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
         out=Path(args.out).resolve(),
         model=model,
         corpus=corpus,
-        objective=objective,
+        objective=spec.name,
         seed=args.seed,
         retrieval_dev=retrieval_dev,
         train_queries=train_queries,

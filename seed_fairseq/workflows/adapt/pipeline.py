@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from preprocess.stages import WHOLE_PLAN, PlanReads, Runner, Stage, jsonable
 
 from ...base.fileio import write_json_atomic, write_text_atomic
+from ..kit.argv import command
 from ..kit.heldout import build_data
 from ..kit.layout import (
     BM25_RUN,
@@ -51,7 +52,7 @@ from ..kit.layout import (
     file_fingerprint,
     write_retrieval_set,
 )
-from ..kit.tools import USER_DIR, child_env, fairseq_bin, run_logged
+from ..kit.tools import child_env, run_logged
 from .plan import (
     REPORT_FILES,
     RUN_FILES,
@@ -287,20 +288,20 @@ class Adaptation(Training):
         folder = self.out / "generator"
         log(f"training SimLM's generator: the model's fresh MLM head on the frozen model, "
             f"{self.plan.generator_updates} updates")  # fmt: skip
-        cmd = [fairseq_bin("fairseq-train"), self.data_bin, "--user-dir", USER_DIR, *self.generator_train_args()]
-        return _timed(lambda: run_logged([*cmd, "--save-dir", folder], folder / "train.log", self.env, True, log))
+        cmd = command(self.data_bin, self.generator_train_args(), save_dir=folder)
+        return _timed(lambda: run_logged(cmd, folder / "train.log", self.env, True, log))
 
     def stage_pretrain(self, results) -> dict:
         folder, p = self.pretrain_dir, self.plan
         new = self.new_heads()
         log(f"continuing {p.objective} for {p.pretrain.updates} updates; new heads: {', '.join(new) or 'none'}; "
             f"encoder frozen for {self.freeze_updates()} updates; log: {folder / 'train.log'}")  # fmt: skip
-        cmd = [fairseq_bin("fairseq-train"), self.data_bin, "--user-dir", USER_DIR, *self.train_args()]
+        cmd = command(self.data_bin, self.train_args(), save_dir=folder)
         attempts = folder / "attempts.json"
         earlier = json.loads(attempts.read_text()) if attempts.is_file() else []
         t0 = time.time()
         with TrainProgress(folder / "train.log", p.pretrain.updates, p.best_metric, log):
-            run_logged([*cmd, "--save-dir", folder], folder / "train.log", self.env, append=True, say=log)
+            run_logged(cmd, folder / "train.log", self.env, append=True, say=log)
         earlier.append(time.time() - t0)
         write_json_atomic(attempts, earlier)
         return {"seconds": sum(earlier), "attempts": len(earlier), "freeze_updates": self.freeze_updates(),

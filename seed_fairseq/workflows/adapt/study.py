@@ -202,16 +202,13 @@ class _OriginalSeed(Cell):
 
 
 def parser() -> argparse.ArgumentParser:
-    from .cli import parser as adapt_parser
+    from .cli import add_options
 
-    p = adapt_parser()
-    p.prog = "adaptation_study.py"
-    p.description = __doc__
-    for action in p._actions:  # --objective becomes --objectives; the selection options do not apply
-        if action.dest == "objective":
-            action.option_strings, action.dest, action.required = ["--objectives"], "objectives", False
-            action.default, action.help = "all", f"objectives, comma-separated, or all (default: {','.join(ORDER)})"
-    p._option_string_actions["--objectives"] = p._option_string_actions.pop("--objective")
+    p = argparse.ArgumentParser(
+        prog="adaptation_study.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    help = f"objectives, comma-separated, or all (default: {','.join(ORDER)})"
+    add_options(p, lambda p: p.add_argument("--objectives", default="all", help=help))
     g = p.add_argument_group("the study")
     g.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated, of {', '.join(ARMS)} (default: {','.join(DEFAULT_ARMS)})")  # fmt: skip

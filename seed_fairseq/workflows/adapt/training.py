@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from ..kit.layout import StageError
 from ..kit.logs import read_valid
-from ..kit.objectives import OBJECTIVES, ObjectiveSpec, common_args, objective_args
+from ..kit.objectives import OBJECTIVES, ObjectiveSpec, generator_args, objective_args
 from .plan import FREEZE_SHARE, Paths
 
 
@@ -38,10 +38,7 @@ class Training(Paths):
         pre-training heads (``heads`` of its description, ``seed_fairseq/base/objectives.py``; freshly
         initialised, except SimLM's decoder, copied from the encoder's last layers).  Untrained
         for the encoder's outputs, each sends it large gradients at first."""
-        from ...pretrain.tasks.registry import registered_objectives
-
-        described = [d for d in registered_objectives() if d.comparison_name == self.plan.objective]
-        return [*self.import_record()["fresh_heads"], *(h.rstrip(".") for d in described[:1] for h in d.heads)]
+        return [*self.import_record()["fresh_heads"], *(h.rstrip(".") for h in self.spec.description.heads)]
 
     def freeze_updates(self) -> int:
         """--freeze-encoder-updates: the user's, or FREEZE_SHARE of the updates when there is a new head."""
@@ -103,12 +100,9 @@ class Training(Paths):
         that predicts with the model's own features, for SimLM's replaced tokens."""
         p = self.plan
         s = replace(p.pretrain, updates=p.generator_updates, warmup=max(1, p.generator_updates // 10))
-        return [
-            "--task", "seed_pretrain", "--criterion", "seed_pretrain", "--arch", "seed_encoder_mlm_only",
-            *([] if planned else self.model_args()), "--mlm-weight", "1.0", "--batch-size", str(s.batch_size),
-            *common_args(s), "--disable-validation", "--seed", str(p.seed), *self.warm_start(),
-            "--freeze-encoder-updates", str(p.generator_updates), *([] if planned else s.fairseq_args),
-        ]  # fmt: skip
+        rest = [*self.warm_start(), "--freeze-encoder-updates", str(p.generator_updates)]
+        return generator_args(s, p.seed, *rest, *([] if planned else s.fairseq_args),
+                              model=[] if planned else self.model_args())  # fmt: skip
 
     def choose_checkpoint(self) -> Dict[str, Any]:
         """The checkpoint the adapted model is: fairseq's ``checkpoint_best.pt`` (the best

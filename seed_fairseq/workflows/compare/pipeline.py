@@ -36,6 +36,7 @@ from preprocess.stages import PlanReads, Runner, Stage
 from ...base.fileio import write_json_atomic
 from ...base.retrieval_data import load_data
 from ...encoders.retrieval.metrics import write_trec_run
+from ..kit.argv import command
 from ..kit.heldout import build_data
 from ..kit.layout import (
     BM25_RUN,
@@ -58,11 +59,11 @@ from ..kit.objectives import (
     OBJECTIVES,
     PER_UPDATE_FIELDS,
     PretrainSettings,
-    common_args,
+    generator_args,
     objective_args,
     per_update_settings,
 )
-from ..kit.tools import USER_DIR, child_env, fairseq_bin, run_logged
+from ..kit.tools import child_env, run_logged
 from ..measure.flops import count_update_flops
 from .evaluation import evaluate_run
 from .report import write_report
@@ -118,25 +119,8 @@ class Comparison(Layout):
         updates = self.plan.generator_updates if settings is None else s.updates
         gs = replace(s, updates=updates, warmup=min(s.warmup, updates // 10))
         model = shlex.split(" ".join(self.init_args()[:-2])) if self.plan.init and not planned else []
-        return [
-            "--task",
-            "seed_pretrain",
-            "--criterion",
-            "seed_pretrain",
-            "--arch",
-            "seed_encoder_mlm_only",
-            "--mlm-weight",
-            "1.0",
-            *model,  # with --init: the imported model's options (positions, activation, ...)
-            *self.plan.generator_args,
-            "--batch-size",
-            str(s.batch_size),
-            *common_args(gs),
-            "--disable-validation",
-            "--seed",
-            "1",
-            *s.fairseq_args,
-        ]
+        # with --init: the imported model's options (positions, activation, ...), then the generator's sizes
+        return generator_args(gs, 1, *s.fairseq_args, model=[*model, *self.plan.generator_args])
 
     def planned_args(self) -> List[str]:
         """The fairseq-train options the comparison sets itself (every objective's, the generator's,
@@ -350,8 +334,8 @@ class Comparison(Layout):
     def stage_generator(self, results) -> dict:
         t0 = time.time()
         folder = self.out / "generator"
-        cmd = [fairseq_bin("fairseq-train"), self.data_bin, "--user-dir", USER_DIR, *self.generator_train_args()]
-        run_logged([*cmd, "--save-dir", folder], folder / "train.log", self.env, append=True)
+        cmd = command(self.data_bin, self.generator_train_args(), save_dir=folder)
+        run_logged(cmd, folder / "train.log", self.env, append=True)
         return {"seconds": time.time() - t0}
 
     def stage_flops(self, results, seed: int) -> dict:
@@ -367,12 +351,12 @@ class Comparison(Layout):
 
     def stage_pretrain(self, results, obj: str, seed: int) -> dict:
         folder = self.pretrain_dir(obj, seed)
-        cmd = [fairseq_bin("fairseq-train"), self.data_bin, "--user-dir", USER_DIR, *self.train_args(obj, seed)]
+        cmd = command(self.data_bin, self.train_args(obj, seed), save_dir=folder)
         attempts = folder / "attempts.json"
         earlier = json.loads(attempts.read_text()) if attempts.is_file() else []
         t0 = time.time()
         log(f"pre-training {obj} (seed {seed}); log: {folder / 'train.log'}")
-        run_logged([*cmd, "--save-dir", folder], folder / "train.log", self.env, append=True)
+        run_logged(cmd, folder / "train.log", self.env, append=True)
         earlier.append(time.time() - t0)
         write_json_atomic(attempts, earlier)
         return {"seconds": sum(earlier), "attempts": len(earlier)}

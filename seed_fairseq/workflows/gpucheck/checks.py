@@ -19,26 +19,9 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ...base.user_dir import USER_DIR
+from ..kit.argv import SGD_ONE_STEP, command, fairseq_bin
 from ..kit.interrupt import run_child
-from .runs import USER_DIR
-
-# one plain SGD step with learning rate 1: the weight change is the gradient (test_contract.SGD_ONE_STEP)
-SGD_ONE_STEP = [
-    "--optimizer",
-    "sgd",
-    "--lr",
-    "1.0",
-    "--lr-scheduler",
-    "fixed",
-    "--clip-norm",
-    "0",
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    "--weight-decay",
-    "0",
-]
 
 
 class CheckFailed(Exception):
@@ -60,8 +43,8 @@ def child_env() -> Dict[str, str]:
 
 
 def train_program() -> str:
-    """The ``fairseq-train`` beside this interpreter (the venv's)."""
-    return str(Path(sys.executable).with_name("fairseq-train"))
+    """The ``fairseq-train`` beside this interpreter (the venv's; a test puts another in its place)."""
+    return fairseq_bin("fairseq-train")
 
 
 def fairseq_train(
@@ -73,8 +56,7 @@ def fairseq_train(
     its own, which is stopped whole (``torchrun`` and its workers) when gpu_check is interrupted or
     its time budget runs out (``budget.OutOfTime``, raised during the wait), and asked to stop
     when gpu_check dies."""
-    train = train_program()
-    cmd = [*launcher, train, str(data), "--user-dir", USER_DIR, *args, "--save-dir", str(save_dir)]
+    cmd = command(data, args, save_dir=save_dir, launcher=launcher, program=train_program())
     say(" ".join(shlex.quote(str(c)) for c in cmd))
     with open(log_file, "w", encoding="utf-8") as f:
         code = run_child([str(c) for c in cmd], f, child_env())

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from ..kit.argv import FAIRSEQ_MLM, GENERATOR, train_args
 from ..measure.flops import PEAK_TFLOPS  # the vendors' dense peaks, TFLOP/s per precision
 
 # the paper's recipe (SEED-Encoder, RetroMAE, SimLM ...): 1M updates of 256 blocks of 512 tokens
@@ -215,7 +216,7 @@ class Setup:
     default: bool = True
 
 
-BASELINE = "masked_lm"  # fairseq's own masked LM: the denominator of every ratio
+BASELINE = FAIRSEQ_MLM.name  # fairseq's own masked LM: the denominator of every ratio
 
 
 def setups(profile: Profile, generator: str) -> List[Setup]:
@@ -232,19 +233,12 @@ def setups(profile: Profile, generator: str) -> List[Setup]:
         if not (own_plugin or d.user_dir):
             continue  # registered by a --user-dir this process imported but fairseq-train would not
         arch, own = (d.test_arch, d.test_args) if profile.tiny else (d.arch, d.args)
-        gen = ("--generator-path", generator) if d.needs_generator else ()
-        task = ("--task", d.task, "--criterion", d.criterion, "--arch", arch)
-        out.append(Setup(d.name, (*d.user_dir_args(), *task, *profile.encoder_args(), *own, *gen), own_plugin))
-    out.append(
-        Setup(
-            BASELINE,
-            ("--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_base", *profile.encoder_args()),
-        )
-    )
+        args = train_args(d, model=profile.encoder_args(), arch=arch, own=own, generator=generator)
+        out.append(Setup(d.name, tuple(args), own_plugin))
+    out.append(Setup(BASELINE, tuple(train_args(FAIRSEQ_MLM, model=profile.encoder_args()))))
     return out
 
 
 def generator_setup(profile: Profile) -> Setup:
     """SimLM's generator: a small ``seed_encoder_mlm_only`` (docs/objectives/simlm.md)."""
-    args = ("--task", "seed_pretrain", "--criterion", "seed_pretrain", "--arch", "seed_encoder_mlm_only")
-    return Setup("generator", (*args, "--mlm-weight", "1.0", *profile.generator_args()))
+    return Setup("generator", tuple(train_args(GENERATOR, model=profile.generator_args())))

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
-USER_DIR = str(Path(__file__).resolve().parents[2])
+from ...base.user_dir import parse_argv
+
 OVERFLOW_RETRIES = 8  # fp16's loss scale starts at 128: a fixed batch that overflows is retried at 64, 32 ...
 
 
@@ -119,7 +120,7 @@ class Run:
         import seed_fairseq  # noqa: F401  (registers the plugin and the fairseq fixes)
 
         self.device = device
-        ns = options.parse_args_and_arch(options.get_training_parser(), [str(data), "--user-dir", USER_DIR, *args])
+        ns = options.parse_args_and_arch(options.get_training_parser(), parse_argv(data, args))
         with warnings.catch_warnings():  # hydra's deprecation notices on every config build
             warnings.simplefilter("ignore")
             # read from the module at call time: the fixed converter (--bf16 stays off the TPU,

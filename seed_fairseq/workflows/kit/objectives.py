@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ...base.objectives import ObjectiveDescription
+from .argv import GENERATOR, train_args
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,19 @@ def parse_objectives(text: str) -> List[str]:
     return names
 
 
+def parse_objective(text: str) -> ObjectiveSpec:
+    """One objective's name (adapt's ``--objective``) -> its spec (its description in it); ValueError
+    names what is wrong: none, several, an unknown name."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--objective: none given; choose from {','.join(ORDER)}")
+    if len(names) > 1:
+        raise ValueError("--objective: one objective (examples/compare_objectives.py compares several)")
+    if names[0] not in OBJECTIVES:
+        raise ValueError(f"--objective: unknown {names[0]}; choose from {','.join(OBJECTIVES)}")
+    return OBJECTIVES[names[0]]
+
+
 @dataclass
 class PretrainSettings:
     """What every objective's pre-training shares (the identical budget)."""
@@ -276,9 +290,7 @@ def common_args(s: PretrainSettings) -> List[str]:
 
 
 def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generator: str = None) -> List[str]:
-    """fairseq-train arguments (after DATA) of one objective's pre-training run."""
-    if spec.needs_generator and not generator:
-        raise ValueError(f"{spec.name} needs a generator checkpoint")
+    """fairseq-train arguments (after DATA) of one objective's pre-training run (``argv.train_args``)."""
     # validation (and its diagnostics) every validate_every updates only, not also at every epoch end
     # of a small corpus; checkpoints at the same updates (fairseq validates at every mid-epoch save)
     validation = (
@@ -293,17 +305,8 @@ def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generato
         if s.validate_every
         else ["--disable-validation"]
     )
-    return [
-        *(["--user-dir", spec.user_dir] if spec.user_dir else []),
-        "--task",
-        spec.task,
-        "--criterion",
-        spec.criterion,
-        "--arch",
-        spec.arch,
-        *s.encoder_args,
-        *spec.extra,
-        *(["--generator-path", str(generator)] if spec.needs_generator else []),
+    return train_args(
+        spec.description,
         "--batch-size",
         str(s.batch_for(spec)),
         *common_args(s),
@@ -315,7 +318,19 @@ def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generato
         "--seed",
         str(seed),
         *s.fairseq_args,
-    ]
+        model=s.encoder_args,
+        generator=generator,
+    )
+
+
+def generator_args(s: PretrainSettings, seed: int, *rest: str, model: Sequence[str] = ()) -> List[str]:
+    """SimLM's generator's fairseq-train arguments (after DATA): the MLM-only encoder (``argv.GENERATOR``)
+    with ``model``'s sizes, trained with the shared options of ``s`` and no validation, then ``rest``."""
+    return train_args(
+        GENERATOR,
+        "--batch-size", str(s.batch_size), *common_args(s), "--disable-validation", "--seed", str(seed), *rest,
+        model=model,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------

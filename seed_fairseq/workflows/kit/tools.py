@@ -3,16 +3,11 @@ logged to a file (stopped with the driver: interrupt.py)."""
 
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Dict, List
 
 from .interrupt import run_child
 from .layout import StageError, log
-
-
-def fairseq_bin(name: str) -> str:
-    return str(Path(sys.executable).with_name(name))
 
 
 def child_env(threads: int) -> Dict[str, str]:
@@ -41,5 +36,3 @@ def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool
         tail = log_file.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise StageError(log_file, f"{Path(cmd[0]).name} failed (exit {returncode}); see this log", tail)
 
-
-USER_DIR = str(Path(__file__).resolve().parents[2])

@@ -21,6 +21,7 @@ import time
 import warnings
 from typing import Dict, List, Tuple
 
+from ...base.user_dir import parse_argv
 from .flops import PEAK_TFLOPS
 
 H100_SXM_BF16_DENSE = PEAK_TFLOPS["H100"]["bf16"] * 1e12  # FLOP/s (flops.PEAK_TFLOPS: its source)
@@ -32,10 +33,9 @@ def setup_task(data_bin, args: List[str]):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from .flops import USER_DIR
 
     parser = options.get_training_parser()
-    ns = options.parse_args_and_arch(parser, [str(data_bin), "--user-dir", USER_DIR, *args])
+    ns = options.parse_args_and_arch(parser, parse_argv(data_bin, args))
     with warnings.catch_warnings():  # hydra's deprecation notices on every config build
         warnings.simplefilter("ignore")
         cfg = convert_namespace_to_omegaconf(ns)

@@ -24,10 +24,10 @@ what the identical budget holds equal across objectives.
 """
 
 import warnings
-from pathlib import Path
 from typing import Dict, List
 
-USER_DIR = str(Path(__file__).resolve().parents[2])
+from ...base.user_dir import parse_argv
+
 BATCHES = 8  # real training batches the FLOPs are counted on
 
 # Dense (not 2:4 sparse) tensor-core peaks in TFLOP/s per precision, from the vendors' data
@@ -56,7 +56,7 @@ def count_update_flops(data_bin, args: List[str], batches: int = BATCHES) -> Dic
     import seed_fairseq  # noqa: F401  (registers the plugin and fairseq fixes)
 
     parser = options.get_training_parser()
-    ns = options.parse_args_and_arch(parser, [str(data_bin), "--user-dir", USER_DIR, *args])
+    ns = options.parse_args_and_arch(parser, parse_argv(data_bin, args))
     with warnings.catch_warnings():  # hydra's deprecation notices on every config build
         warnings.simplefilter("ignore")
         cfg = convert_namespace_to_omegaconf(ns)
