@@ -1,7 +1,7 @@
 """Drop the pre-training-only modules (decoders, heads) after pre-training.
 
     seed-drop-heads CHECKPOINT OUT.pt [--data DATA_BIN] [--trust-checkpoint]
-    (also: seed-drop-decoder, python -m seed_fairseq.encoders.drop_heads / .drop_decoder)
+    (also: seed-drop-decoder, python -m seed_fairseq.encoders.drop_heads)
 
 writes an encoder-only checkpoint that stock fairseq loads as a ``roberta``
 model (``RobertaModel.from_pretrained``, ``--restore-file`` for
