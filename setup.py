@@ -51,6 +51,7 @@ setup(
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",
+            "pytest-xdist>=3.6",  # CI runs the tests on 2 workers (-n 2)
             "ruff==0.17.6",  # CI runs ruff check
             "transformers>=4.40",
             "tokenizers>=0.15",

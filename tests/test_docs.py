@@ -15,7 +15,8 @@ SKIP_DIRS = {"__pycache__", "build", "dist", "node_modules", "work_dirs", "demo_
 SKIP_PATHS = {Path("examples/data/debian")}
 
 TEST_COMMAND = (
-    "bash scripts/setup_env.sh && .venv/bin/ruff check . && .venv/bin/python -m pytest -q -p no:cacheprovider tests"
+    "bash scripts/setup_env.sh && .venv/bin/ruff check . "
+    "&& .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal tests"
 )
 DEMO_COMMAND = "bash scripts/demo.sh"
 README_MAX_LINES = 260
@@ -153,6 +154,10 @@ def test_readme_is_a_readme():
     # CI (.ci/run) and the demo instructions read these lines verbatim.
     assert TEST_COMMAND in lines
     assert DEMO_COMMAND in lines
+
+
+def test_ci_runs_the_readmes_test_command():
+    assert TEST_COMMAND in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
 
 
 def test_slugs_follow_github():
