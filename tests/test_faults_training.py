@@ -253,7 +253,7 @@ def test_restoring_a_model_with_fewer_positions_than_a_block_is_refused(demo_dat
     """An imported model restored without the --max-positions of its model_args.txt: the
     checkpoint is refused before fairseq's "please ensure that the architectures match"."""
     from seed_fairseq.pretrain.checkpoint import CheckpointError
-    from seed_fairseq.pretrain.tasks.bottleneck_pretrain import POSITIONS_KEY
+    from seed_fairseq.pretrain.tasks.identity import POSITIONS_KEY
 
     task, *_ = build_task_model(demo_data_bin, tokens_per_sample=64)
     state = {"model": {POSITIONS_KEY: torch.zeros(32 + 2, 8)}, "task_state": task.state_dict()}

@@ -23,8 +23,8 @@ from test_contract import (
     run_straight,
 )
 
-from seed_fairseq.workflows.kit.objectives import OBJECTIVES, ORDER
 from seed_fairseq.pretrain.tasks.registry import objective_for, registered_objectives
+from seed_fairseq.workflows.kit.objectives import OBJECTIVES, ORDER
 
 TOY = Objective.from_description(objective_for("toy_pretrain", {}), preload=toy_objective.__name__)
 
@@ -157,8 +157,8 @@ def test_gpucheck_lists_it_and_runs_it_when_named(tmp_path, capsys):
 
 def test_a_description_without_its_user_dir_is_left_to_its_own_process(monkeypatch):
     """Registered in this process but not loadable by fairseq-train: the workflows leave it out."""
-    from seed_fairseq.workflows.kit.objectives import _Registered
     from seed_fairseq.workflows.gpucheck.profile import dry_run_profile, setups
+    from seed_fairseq.workflows.kit.objectives import _Registered
 
     lost = dataclasses.replace(toy_objective.TOY, user_dir="")
     monkeypatch.setattr(toy_objective.ToyPretrainTask, "objectives", (lost,))

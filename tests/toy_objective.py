@@ -38,12 +38,13 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.tasks import register_task
 
+from seed_fairseq.base.objectives import ObjectiveDescription
+from seed_fairseq.base.vocabulary.dictionary import is_ordinary
 from seed_fairseq.pretrain.criterions.multi_term import MultiTermCriterion, Term
 from seed_fairseq.pretrain.criterions.vocab_loss import VocabLossConfig, VocabLossMixin
 from seed_fairseq.pretrain.models.bottleneck import BottleneckEncoderModel
-from seed_fairseq.base.objectives import ObjectiveDescription
-from seed_fairseq.pretrain.tasks.bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
-from seed_fairseq.base.vocabulary.dictionary import is_ordinary
+from seed_fairseq.pretrain.tasks.bottleneck_pretrain import BottleneckPretrainTask
+from seed_fairseq.pretrain.tasks.config import BottleneckPretrainConfig
 
 TOY = ObjectiveDescription(
     "toy",
