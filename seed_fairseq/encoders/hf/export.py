@@ -35,14 +35,9 @@ from ...base.vocabulary.tokenizer import (
     vocab_from_tokenizer,
 )
 from ...base.vocabulary.tokenizer import load_record as load_vocab_record
-from ...pretrain.checkpoint import (
-    CheckpointError,
-    check_dictionary,
-    encoder_architecture,
-    plain_config,
-    read_checkpoint,
-)
-from ...pretrain.checkpoint import representation_options as recorded_options
+from ...pretrain.checkpoint import CheckpointError, plain_config, read_checkpoint
+from ...pretrain.checkpoint_records import check_dictionary, encoder_architecture
+from ...pretrain.checkpoint_records import representation_options as recorded_options
 from . import representation as representations
 from .card import model_card
 from .import_keymap import fairseq_positions_to_hf
@@ -206,7 +201,7 @@ def hf_config(
 
 
 def recorded_representation(state: dict, checkpoint: PathLike = "the checkpoint") -> Representation:
-    """The model's representation as the checkpoint records it (``checkpoint.representation_options``:
+    """The model's representation as the checkpoint records it (``checkpoint_records.representation_options``:
     its task config, or an encoder-only checkpoint's extra_state); the papers' [CLS] and dot product
     for a checkpoint written before it was recorded.  :class:`ExportError` naming ``checkpoint`` for
     a value the export cannot write as sentence-transformers modules."""

@@ -367,7 +367,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
     from transformers import AutoModel, AutoModelForMaskedLM
 
     from ...base.vocabulary.dictionary import dictionary_sha256
-    from ...pretrain.checkpoint import save_atomic
+    from ...pretrain.checkpoint_files import save_atomic
 
     hf_dir, out = Path(hf_dir), Path(out)
     try:

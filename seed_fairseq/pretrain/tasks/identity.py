@@ -12,7 +12,8 @@ from fairseq import utils
 from fairseq.data import Dictionary
 
 from ...base.errors import ConfigurationError
-from ..checkpoint import DICTIONARY_SHA256, CheckpointError, check_dictionary
+from ..checkpoint import DICTIONARY_SHA256, CheckpointError
+from ..checkpoint_records import check_dictionary
 
 logger = logging.getLogger(__name__)
 
