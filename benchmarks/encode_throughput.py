@@ -56,8 +56,9 @@ def main(argv=None):
     import torch
 
     from seed_fairseq.base.retrieval_data import derive_retrieval_set, load_data
+    from seed_fairseq.encoders.retrieval.index import build_index, search, to_run
     from seed_fairseq.encoders.retrieval.metrics import evaluate
-    from seed_fairseq.encoders.retrieval.search import build_index, encode, load_model, search, to_run
+    from seed_fairseq.encoders.retrieval.search import encode, load_model
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -54,7 +54,7 @@ def main(argv=None):
     except HFImportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C, also in the middle of writing the checkpoint (checkpoint.torch_save)
+    except KeyboardInterrupt:  # Ctrl-C, also in the middle of writing the checkpoint (checkpoint_files.torch_save)
         print("interrupted; rerun the same command to import", file=sys.stderr)
         return 130
     return 0

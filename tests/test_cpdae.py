@@ -18,7 +18,7 @@ from test_contract import POOLINGS, build, check_bottleneck, train_cmd
 from seed_fairseq.pretrain.criterions.cpdae_pretrain import dense_similarity, js_similarity, word_distributions
 from seed_fairseq.pretrain.modules import js_divergence as jsd
 from seed_fairseq.pretrain.modules.contrastive import info_nce_sum
-from seed_fairseq.pretrain.tasks.cpdae_pretrain import DUMMY_BATCH
+from seed_fairseq.pretrain.tasks.batching import DUMMY_BATCH
 
 CPDAE = BY_NAME["cpdae"]
 LN2 = math.log(2)

@@ -42,7 +42,8 @@ def continued(obj, start, path):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     from seed_fairseq.encoders.hf.import_ import checkpoint_dict
-    from seed_fairseq.pretrain.checkpoint import load_torch_file, save_atomic
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
+    from seed_fairseq.pretrain.checkpoint_files import save_atomic
 
     data, encoder_args, start_ckpt, _ = start
     objective = ["--task", obj.task, "--criterion", obj.criterion, "--arch", obj.arch, *obj.model_args]
@@ -174,11 +175,12 @@ def test_export_keeps_every_architecture_fact(source, starts, tmp_path, tmp_path
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_the_architecture_read_from_an_import_is_the_models(family, starts):
     """Every number of the HF config that the encoder computes with is read back from the import's
-    checkpoint (``checkpoint.encoder_architecture``), and the export's config.json says the same."""
+    checkpoint (``checkpoint_records.encoder_architecture``), and the export's config.json says the same."""
     import json
 
     from seed_fairseq.encoders.hf.export import ACTIVATIONS, hf_config
-    from seed_fairseq.pretrain.checkpoint import encoder_architecture, load_torch_file
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
+    from seed_fairseq.pretrain.checkpoint_records import encoder_architecture
 
     imp = starts[family][0]
     hf = json.loads((imp.parent / f"hf_{family}" / "config.json").read_text())

@@ -2,7 +2,7 @@
 
 torch's writer turns whatever stops a ``write`` into ``RuntimeError("... unexpected pos ...")``:
 a Ctrl-C during the save of ``seed-drop-heads``, the import (also compare's) became a
-traceback and exit 1.  The shared save (``checkpoint.torch_save`` / ``save_atomic``) raises
+traceback and exit 1.  The shared save (``checkpoint_files.torch_save`` / ``save_atomic``) raises
 what stopped it; the tools say "interrupted" and exit 130, and the write stays atomic.  A
 real signal, raised in this process while torch writes the file (the test's file object
 raises it on its third write): in process, as the tools' ``main`` runs it.
@@ -21,8 +21,8 @@ FIXTURE = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
 
 @pytest.fixture
 def signal_during_save(monkeypatch):
-    """``arm(signum)``: the next file ``checkpoint.torch_save`` writes gets ``signum`` on its 3rd write."""
-    from seed_fairseq.pretrain import checkpoint
+    """``arm(signum)``: the next file ``checkpoint_files.torch_save`` writes gets ``signum`` on its 3rd write."""
+    from seed_fairseq.pretrain import checkpoint_files
 
     armed = []
 
@@ -49,12 +49,12 @@ def signal_during_save(monkeypatch):
         f = builtins.open(path, mode, *args, **kwargs)
         return Signalling(f, armed.pop()) if armed and "w" in mode else f
 
-    monkeypatch.setattr(checkpoint, "open", opening, raising=False)
+    monkeypatch.setattr(checkpoint_files, "open", opening, raising=False)
     return armed.append
 
 
 def test_the_shared_save_raises_what_stopped_it(signal_during_save, tmp_path):
-    from seed_fairseq.pretrain.checkpoint import save_atomic
+    from seed_fairseq.pretrain.checkpoint_files import save_atomic
 
     state = {"model": {"w": torch.zeros(1000)}}
     target = tmp_path / "checkpoint.pt"

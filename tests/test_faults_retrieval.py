@@ -23,6 +23,7 @@ from seed_fairseq.base.fileio import OutputError
 from seed_fairseq.base.retrieval_data import DataFormatError, RetrievalData, load_data
 from seed_fairseq.encoders.retrieval.batching import sample_negatives
 from seed_fairseq.encoders.retrieval.bm25 import BM25
+from seed_fairseq.encoders.retrieval.index import SearchError, build_index
 from seed_fairseq.encoders.retrieval.metrics import (
     aggregate,
     evaluate,
@@ -30,7 +31,6 @@ from seed_fairseq.encoders.retrieval.metrics import (
     permutation_test,
     write_trec_run,
 )
-from seed_fairseq.encoders.retrieval.search import SearchError, build_index
 from seed_fairseq.encoders.retrieval.training import (
     FinetuneConfig,
     NoDuplicateBatches,

@@ -110,7 +110,7 @@ def test_only_staging_files_of_checkpoints_are_removed(tmp_path):
 def test_full_disk_is_one_line_and_leaves_the_old_checkpoint(tmp_path, monkeypatch, capsys):
     from fairseq import checkpoint_utils
 
-    from seed_fairseq.pretrain import checkpoint
+    from seed_fairseq.pretrain import checkpoint_files
 
     target = tmp_path / "checkpoint_last.pt"
     target.write_bytes(b"old")
@@ -121,7 +121,7 @@ def test_full_disk_is_one_line_and_leaves_the_old_checkpoint(tmp_path, monkeypat
         f.write(b"partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(checkpoint_files.torch, "save", full_disk)
     save = fairseq_patches.one_line_errors(lambda: checkpoint_utils.torch_persistent_save({"model": {}}, str(target)))
     with pytest.raises(SystemExit) as exited:
         save()
@@ -253,7 +253,7 @@ def test_restoring_a_model_with_fewer_positions_than_a_block_is_refused(demo_dat
     """An imported model restored without the --max-positions of its model_args.txt: the
     checkpoint is refused before fairseq's "please ensure that the architectures match"."""
     from seed_fairseq.pretrain.checkpoint import CheckpointError
-    from seed_fairseq.pretrain.tasks.bottleneck_pretrain import POSITIONS_KEY
+    from seed_fairseq.pretrain.tasks.identity import POSITIONS_KEY
 
     task, *_ = build_task_model(demo_data_bin, tokens_per_sample=64)
     state = {"model": {POSITIONS_KEY: torch.zeros(32 + 2, 8)}, "task_state": task.state_dict()}
@@ -343,7 +343,7 @@ def test_data_path_with_a_colon_names_the_cause(demo_data_bin, tmp_path):
 def test_checkpoint_write_error_recovers_the_cause_from_torch(tmp_path, monkeypatch):
     """torch.save reports a failed write as RuntimeError("unexpected pos ..."); save_atomic
     raises the OSError instead, naming the target, and leaves nothing behind."""
-    from seed_fairseq.pretrain import checkpoint
+    from seed_fairseq.pretrain import checkpoint_files
 
     class SizeLimited:
         def __init__(self, path, mode):
@@ -363,9 +363,9 @@ def test_checkpoint_write_error_recovers_the_cause_from_torch(tmp_path, monkeypa
         def __exit__(self, *exc):
             self.f.close()
 
-    monkeypatch.setattr(checkpoint, "open", SizeLimited, raising=False)
+    monkeypatch.setattr(checkpoint_files, "open", SizeLimited, raising=False)
     with pytest.raises(OSError) as failed:
-        checkpoint.save_atomic({"w": torch.zeros(100_000)}, tmp_path / "big.pt")
+        checkpoint_files.save_atomic({"w": torch.zeros(100_000)}, tmp_path / "big.pt")
     assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, str(tmp_path / "big.pt"))
     assert isinstance(failed.value.__cause__.__cause__, RuntimeError)  # what torch raised
     assert os.listdir(tmp_path) == []

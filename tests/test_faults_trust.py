@@ -24,11 +24,11 @@ from seed_fairseq.pretrain.checkpoint import (
     CheckpointError,
     UntrustedCheckpointError,
     load_torch_file,
-    newest_readable_checkpoint,
     peek_checkpoint,
     read_checkpoint,
     trusting,
 )
+from seed_fairseq.pretrain.checkpoint_files import newest_readable_checkpoint
 
 FIXTURE = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
 CKPT = FIXTURE / "checkpoint_1_3.pt"

@@ -267,3 +267,16 @@ def test_no_sys_path_edits():
                 ):
                     hits.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert hits == []
+
+
+MAX_LINES = 450  # issue 34 item 6: a file that grows past this is split by job (pure moves, same folder)
+
+
+def test_no_library_file_exceeds_the_line_limit():
+    """A library module holds one job: none of ``seed_fairseq/`` or ``preprocess/`` is over 450 lines."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in modules().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}

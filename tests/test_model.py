@@ -409,7 +409,8 @@ def test_pooling_travels_in_the_checkpoint_and_an_old_one_loads_as_cls(tmp_path)
     from fairseq import checkpoint_utils
 
     import seed_fairseq  # noqa: F401
-    from seed_fairseq.pretrain.checkpoint import load_torch_file, torch_save
+    from seed_fairseq.pretrain.checkpoint import load_torch_file
+    from seed_fairseq.pretrain.checkpoint_files import torch_save
     from seed_fairseq.pretrain.models.bottleneck import pooling_options
 
     fixture = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"

@@ -13,6 +13,7 @@ import torch
 from seed_fairseq.base import retrieval_data as rdata
 from seed_fairseq.base.retrieval_data import DataFormatError, load_data, write_beir
 from seed_fairseq.encoders.retrieval.bm25 import BM25
+from seed_fairseq.encoders.retrieval.index import build_index, search
 from seed_fairseq.encoders.retrieval.metrics import (
     compare,
     evaluate,
@@ -21,7 +22,6 @@ from seed_fairseq.encoders.retrieval.metrics import (
     read_trec_run,
     write_trec_run,
 )
-from seed_fairseq.encoders.retrieval.search import build_index, search
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -294,12 +294,12 @@ def test_every_worker_logs_the_same_keys(bert, monkeypatch):
     """fairseq sums the workers' logging outputs key by key (one all-reduce of a flat buffer):
     the workers that do not score give the same keys, zero, and the sum is the first worker's."""
     from seed_fairseq.pretrain import diagnostics
-    from seed_fairseq.pretrain.tasks import bottleneck_pretrain
+    from seed_fairseq.pretrain.tasks import validation
 
     imp, data, dev = bert
     task, model = setup(imp, data, "--retrieval-dev", str(dev), "--retrieval-probe-size", "8")
     task.retrieval_start = {"probe_mrr10": 0.5}
-    utils = bottleneck_pretrain.distributed_utils
+    utils = validation.distributed_utils
     monkeypatch.setattr(utils, "get_data_parallel_world_size", lambda: 2)
     logs = {}
     for rank in (0, 1):

@@ -12,7 +12,8 @@ import torch
 from helpers import DEMO_CORPUS
 from test_retrieval import make_tiny_model
 
-from seed_fairseq.encoders.retrieval.search import SearchError, encode, length_order, load_model
+from seed_fairseq.encoders.retrieval.index import SearchError
+from seed_fairseq.encoders.retrieval.search import encode, length_order, load_model
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,8 @@ from seed_fairseq.base.vocabulary.dictionary import is_ordinary
 from seed_fairseq.pretrain.criterions.multi_term import MultiTermCriterion, Term
 from seed_fairseq.pretrain.criterions.vocab_loss import VocabLossConfig, VocabLossMixin
 from seed_fairseq.pretrain.models.bottleneck import BottleneckEncoderModel
-from seed_fairseq.pretrain.tasks.bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
+from seed_fairseq.pretrain.tasks.bottleneck_pretrain import BottleneckPretrainTask
+from seed_fairseq.pretrain.tasks.config import BottleneckPretrainConfig
 
 TOY = ObjectiveDescription(
     "toy",

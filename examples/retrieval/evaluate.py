@@ -25,8 +25,9 @@ from seed_fairseq.base.fileio import OutputError
 from seed_fairseq.base.retrieval_data import DataFormatError, load_data
 from seed_fairseq.encoders.retrieval.cli import add_search_args, index_kwargs, positive_int, report, report_storage
 from seed_fairseq.encoders.retrieval.evaluate import evaluate_model
+from seed_fairseq.encoders.retrieval.index import SearchError
 from seed_fairseq.encoders.retrieval.metrics import check_run_output, write_trec_run
-from seed_fairseq.encoders.retrieval.search import SearchError, length_source, load_model
+from seed_fairseq.encoders.retrieval.search import length_source, load_model
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -13,8 +13,8 @@ from seed_fairseq.base.fileio import OutputError
 from seed_fairseq.base.retrieval_data import DataFormatError, load_data
 from seed_fairseq.encoders.retrieval import training
 from seed_fairseq.encoders.retrieval.cli import add_search_args, index_kwargs, report
+from seed_fairseq.encoders.retrieval.index import SearchError
 from seed_fairseq.encoders.retrieval.metrics import CURVE_METRICS
-from seed_fairseq.encoders.retrieval.search import SearchError
 from seed_fairseq.encoders.retrieval.training import FinetuneConfig, finetune_to_folder
 
 

@@ -14,10 +14,10 @@ dropped is what the model class declares (``pretraining_only_prefixes``,
 The model's representation (its pooling and similarity: the task options
 ``--bottleneck-pooling`` and ``--retrieval-similarity``, which stock ``masked_lm``'s task
 config has no place for) is kept in ``extra_state["seed_fairseq"]["representation_options"]``,
-where the HuggingFace export reads it (``checkpoint.representation_options``).
+where the HuggingFace export reads it (``checkpoint_records.representation_options``).
 
 The encoder keeps every architecture fact its checkpoint records
-(``checkpoint.encoder_architecture``).  An encoder that stock ``roberta``
+(``checkpoint_records.encoder_architecture``).  An encoder that stock ``roberta``
 cannot build exactly -- one continued from an import of BERT, whose
 LayerNorms have eps 1e-12 where fairseq's are fixed at 1e-5 -- is written as
 the plugin's encoder-only architecture (``seed_encoder_mlm_only``, the same
@@ -42,15 +42,13 @@ from ..base.fileio import OutputError, PathLike, atomic_path, storage_line
 from ..pretrain.checkpoint import (
     TRUST_OPTION,
     CheckpointError,
-    check_dictionary,
-    encoder_architecture,
     peek_checkpoint,
     plain_config,
     read_checkpoint,
     recorded_data_dir,
-    representation_options,
-    torch_save,
 )
+from ..pretrain.checkpoint_files import torch_save
+from ..pretrain.checkpoint_records import check_dictionary, encoder_architecture, representation_options
 
 logger = logging.getLogger("seed_fairseq.drop_heads")
 
@@ -256,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"error: {line}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C, also in the middle of writing OUT (checkpoint.torch_save)
+    except KeyboardInterrupt:  # Ctrl-C, also in the middle of writing OUT (checkpoint_files.torch_save)
         print(f"interrupted; rerun the same command ({args.out} appears only complete)", file=sys.stderr)
         return 130
     return 0

@@ -27,7 +27,8 @@ import torch
 
 from ..base.fileio import sha256_file
 from ..base.vocabulary.dictionary import is_ordinary
-from .checkpoint import CheckpointError, match_dictionary, model_config, read_checkpoint
+from .checkpoint import CheckpointError, model_config, read_checkpoint
+from .checkpoint_records import match_dictionary
 from .data.replaced_lm_dataset import NOISE_BITS
 
 logger = logging.getLogger(__name__)

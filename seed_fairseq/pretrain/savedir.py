@@ -89,7 +89,7 @@ def lock_save_dir(save_dir: PathLike, suffix: str = "") -> Path:
 
 
 # fileio.temp_path_beside names a checkpoint's staging file ".NAME.tmp-" + tempfile's 8 random
-# characters; NAME is one of fairseq's checkpoint names (checkpoint.checkpoint_candidates)
+# characters; NAME is one of fairseq's checkpoint names (checkpoint_files.checkpoint_candidates)
 _NAME = r"checkpoint(_last|_best|\d+|_\d+_\d+|\.best_.*)"
 _RANDOM = r"[a-z0-9_]{8}"
 

@@ -34,17 +34,8 @@ import torch
 
 from ...base.retrieval_data import DataFormatError
 from ..retrieval import representations
-from ..retrieval.search import (
-    PRECISIONS,
-    SearchError,
-    autocast,
-    build_index,
-    length_order,
-    make_index,
-    quantized_int8,
-    search,
-    to_run,
-)
+from ..retrieval.index import SearchError, build_index, make_index, search, to_run
+from ..retrieval.search import PRECISIONS, autocast, length_order, quantized_int8
 from .head import CONFIG_FILE, DupMAEHead, HeadFileError, check_top_k, has_head, load_head
 
 if TYPE_CHECKING:

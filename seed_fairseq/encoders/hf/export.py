@@ -20,7 +20,7 @@ exactly the files its record lists; anything else in the folder stays
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -35,16 +35,12 @@ from ...base.vocabulary.tokenizer import (
     vocab_from_tokenizer,
 )
 from ...base.vocabulary.tokenizer import load_record as load_vocab_record
-from ...pretrain.checkpoint import (
-    CheckpointError,
-    check_dictionary,
-    encoder_architecture,
-    plain_config,
-    read_checkpoint,
-)
-from ...pretrain.checkpoint import representation_options as recorded_options
+from ...pretrain.checkpoint import CheckpointError, plain_config, read_checkpoint
+from ...pretrain.checkpoint_records import check_dictionary, encoder_architecture
+from ...pretrain.checkpoint_records import representation_options as recorded_options
 from . import representation as representations
 from .card import model_card
+from .export_check import verify, verify_representation
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .representation import ExportError, ExportJob
@@ -206,7 +202,7 @@ def hf_config(
 
 
 def recorded_representation(state: dict, checkpoint: PathLike = "the checkpoint") -> Representation:
-    """The model's representation as the checkpoint records it (``checkpoint.representation_options``:
+    """The model's representation as the checkpoint records it (``checkpoint_records.representation_options``:
     its task config, or an encoder-only checkpoint's extra_state); the papers' [CLS] and dot product
     for a checkpoint written before it was recorded.  :class:`ExportError` naming ``checkpoint`` for
     a value the export cannot write as sentence-transformers modules."""
@@ -217,78 +213,6 @@ def recorded_representation(state: dict, checkpoint: PathLike = "the checkpoint"
         return from_options(pooling, similarity)
     except ValueError as e:
         raise ExportError(f"{checkpoint}: records {e}") from None
-
-
-def verify_representation(
-    fairseq_model, folder: Path, texts_source: Union[SpmTexts, HFTexts], texts: List[str], max_len: int,
-    representation: Representation, atol: float,
-) -> float:  # fmt: skip
-    """``SentenceTransformer`` on the written ``folder`` against the vector fairseq computes for the
-    same texts (its features pooled as ``representation`` says, normalised for cosine, with
-    ``models.bottleneck.pool``, what pre-training and its validation read); raises ExportError."""
-    import torch.nn.functional as F
-    from sentence_transformers import SentenceTransformer
-
-    from ...pretrain.models.bottleneck import pool
-
-    st = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
-    batch = st.tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-    fs_ids = batch["input_ids"]
-    if texts_source.fairseq_to_hf is not None:
-        fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
-    with torch.no_grad():
-        features, _ = fairseq_model(fs_ids, features_only=True)
-        ours = pool(features, ~batch["attention_mask"].bool(), representation.pooling)
-        if representation.normalize:
-            ours = F.normalize(ours, p=2, dim=-1)
-        theirs = st.encode(list(texts), convert_to_tensor=True, batch_size=len(texts), show_progress_bar=False)
-    diff = (ours - theirs.to(ours.dtype)).abs().max().item()
-    if not diff <= atol:
-        raise ExportError(
-            f"SentenceTransformer's vectors ({representation.describe()}) differ from fairseq's: max abs diff "
-            f"{diff:.3g} > {atol:g}"
-        )
-    return diff
-
-
-def _max_abs_diff(a, b, mask):
-    return (a - b).abs()[mask.bool()].max().item()
-
-
-def verify(
-    fairseq_model,
-    hf_model,
-    tokenizer,
-    texts_source: Union[SpmTexts, HFTexts],
-    texts: List[str],
-    max_len: int,
-    atol: float,
-    with_lm_head: bool,
-) -> float:
-    """Token ids and outputs of fairseq vs HF on the same strings; raises ExportError."""
-    for text in texts:
-        ref = texts_source.reference_ids(text, max_len)
-        got = tokenizer(text, truncation=True, max_length=max_len)["input_ids"]
-        if ref != got:
-            raise ExportError(f"tokenizer ids differ from fairseq's for {text[:60]!r}: {got[:12]} vs {ref[:12]}")
-    batch = tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-    fs_ids = batch["input_ids"]
-    if texts_source.fairseq_to_hf is not None:
-        fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
-    with torch.no_grad():
-        fs_features, _ = fairseq_model(fs_ids, features_only=True)
-        hf_out = hf_model(**batch, output_hidden_states=True)
-        hf_features = hf_out.hidden_states[-1]
-        diff = _max_abs_diff(fs_features, hf_features, batch["attention_mask"])
-        if with_lm_head:
-            fs_logits, _ = fairseq_model(fs_ids)
-            hf_logits = hf_out.logits
-            if texts_source.fairseq_to_hf is not None:
-                hf_logits = hf_logits[..., texts_source.fairseq_to_hf]
-            diff = max(diff, _max_abs_diff(fs_logits, hf_logits, batch["attention_mask"]))
-    if not diff <= atol:
-        raise ExportError(f"HF outputs differ from fairseq's: max abs diff {diff:.3g} > {atol:g}")
-    return diff
 
 
 def to_hf_order(

@@ -64,6 +64,7 @@ from .folder import (
     transformers_config,
     weight_shapes,
 )
+from .import_check import compare, compare_representation
 from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq
 from .keymap import UnmappedKeyError
 from .sentence import Representation, read_folder
@@ -308,46 +309,6 @@ def checkpoint_dict(cfg, model, task, source: dict) -> dict:
     }
 
 
-def compare(fs_model, hf_model, hf_mlm, tok, vocab, texts, max_len) -> float:
-    """Max abs difference of features (and MLM logits) between fairseq and HF on ``texts``."""
-    batch = tok(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-    to_fs = torch.as_tensor(vocab.hf_to_fairseq)
-    to_hf = torch.as_tensor(vocab.fairseq_to_hf)
-    mask = batch["attention_mask"].bool()
-    with torch.no_grad():
-        fs_features, _ = fs_model(to_fs[batch["input_ids"]], features_only=True)
-        hf_features = hf_model(**batch).last_hidden_state
-        diff = (fs_features - hf_features).abs()[mask].max().item()
-        if hf_mlm is not None:
-            fs_logits, _ = fs_model(to_fs[batch["input_ids"]])
-            hf_logits = hf_mlm(**batch).logits[..., to_hf]  # columns in fairseq id order
-            diff = max(diff, (fs_logits - hf_logits).abs()[mask].max().item())
-    return diff
-
-
-def compare_representation(fs_model, hf_dir: Path, tok, vocab, texts, max_len) -> Optional[float]:
-    """Max abs difference between the vectors fairseq's model scores (``sentence_embedding``: its
-    task's pooling and similarity) and ``SentenceTransformer``'s of ``hf_dir`` on ``texts``
-    (normalised when the similarity is cosine); None for a folder without ``modules.json``."""
-    from sentence_transformers import SentenceTransformer
-
-    from .sentence import MODULES
-
-    if not (hf_dir / MODULES).is_file():
-        return None
-    st = SentenceTransformer(str(hf_dir), device="cpu", local_files_only=True)
-    st.max_seq_length = max_len
-    batch = tok(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-    tokens = torch.as_tensor(vocab.hf_to_fairseq)[batch["input_ids"]]
-    with torch.no_grad():
-        features, _ = fs_model(tokens, features_only=True)
-        ours = fs_model.sentence_embedding(features, tokens)
-        theirs = st.encode(list(texts), convert_to_tensor=True, batch_size=len(texts), show_progress_bar=False)
-    if fs_model.similarity == "cosine":
-        theirs = torch.nn.functional.normalize(theirs, p=2, dim=-1)
-    return (ours - theirs.to(ours.dtype)).abs().max().item()
-
-
 def _load_hf(auto_class, folder):
     """The HF reference in float32, quietly: its load report lists the heads the class
     leaves out.  transformers 5 otherwise keeps the stored dtype (fp16 / bf16), which
@@ -367,7 +328,7 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
     from transformers import AutoModel, AutoModelForMaskedLM
 
     from ...base.vocabulary.dictionary import dictionary_sha256
-    from ...pretrain.checkpoint import save_atomic
+    from ...pretrain.checkpoint_files import save_atomic
 
     hf_dir, out = Path(hf_dir), Path(out)
     try:

@@ -47,7 +47,7 @@ class ExportJob:
     max_len: int
     atol: float
     activation: str  # the HF name of the encoder's activation
-    # every fact of the encoder as the checkpoint records it (checkpoint.EncoderArchitecture):
+    # every fact of the encoder as the checkpoint records it (checkpoint_records.EncoderArchitecture):
     # what a representation's own modules must compute with (LayerNorm eps 1e-12 after BERT)
     architecture: Any
     # the fairseq id of each tokenizer id (None: the same ids); an import of BERT reorders them

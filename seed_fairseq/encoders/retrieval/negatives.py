@@ -5,7 +5,7 @@ Why not sentence-transformers' ``util.mine_hard_negatives``: it excludes only
 the given positive of each (query, positive) pair, where IR qrels also judge
 near-misses with 0 (we exclude every judged document), it mines with the
 model only (DPR's negatives come from BM25), and it brute-forces the corpus
-in torch (ANCE rounds here reuse the faiss index of ``search.py``, with its
+in torch (ANCE rounds here reuse the faiss index of ``index.py``, with its
 approximate-index options for large corpora).
 """
 

@@ -47,7 +47,7 @@ from ...base.errors import ConfigurationError
 from ...base.vocabulary.dictionary import is_ordinary
 from ..modules.contrastive import data_parallel_group, dense_similarity, info_nce_sum
 from ..modules.js_divergence import pairwise_js
-from ..tasks.bottleneck_pretrain import DUMMY_BATCH
+from ..tasks.batching import DUMMY_BATCH
 from ..tasks.cpdae_pretrain import has_negatives
 from .multi_term import MultiTermCriterion, Term
 from .vocab_loss import VocabLossConfig, VocabLossMixin

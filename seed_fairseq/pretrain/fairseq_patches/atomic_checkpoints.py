@@ -9,7 +9,7 @@ temporary file in the same folder, fsync'ed and renamed:
 - ``fairseq.checkpoint_utils.PathManager``: fairseq's ``PathManager`` with an
   atomic ``copy`` (``fileio.copy_atomic``) for local paths;
 - ``fairseq.checkpoint_utils.torch_persistent_save``: local files are written
-  by ``checkpoint.save_atomic``, which recovers the ``OSError`` that torch's
+  by ``checkpoint_files.save_atomic``, which recovers the ``OSError`` that torch's
   writer reports as a ``RuntimeError`` without the cause.  Transient write
   errors are retried as fairseq does (3 attempts); the errors of the machine the
   user must fix (``errors.ENVIRONMENT_ERRNOS``: full disk, quota, file-size
@@ -54,7 +54,7 @@ class _AtomicPathManager:
 def _atomic_torch_persistent_save(obj, filename, async_write: bool = False):
     if async_write or not isinstance(filename, (str, os.PathLike)) or "://" in str(filename):
         return _original_torch_persistent_save(obj, filename, async_write)
-    from ..checkpoint import save_atomic
+    from ..checkpoint_files import save_atomic
 
     for attempt in range(3):  # fairseq retries transient write errors too
         try:

@@ -60,7 +60,7 @@ def resume_config(cfg: Any, trainer: Any) -> Any:
     save-dir holds a readable checkpoint of its own, a copy without them (fairseq then
     resumes from ``checkpoint_last.pt``, which ``Trainer.load_checkpoint`` resolves to the
     newest readable checkpoint)."""
-    from ..checkpoint import newest_readable_checkpoint
+    from ..checkpoint_files import newest_readable_checkpoint
 
     starts = {option: getattr(cfg, key, None) for key, option in START_OPTIONS.items()}
     starts = {option: value for option, value in starts.items() if value}
@@ -89,7 +89,8 @@ def resume_config(cfg: Any, trainer: Any) -> Any:
 
 def _resolve_restore_file(trainer, filename):
     """The checkpoint a (re)start should load; see the module docstring."""
-    from ..checkpoint import CheckpointError, newest_readable_checkpoint, peek_checkpoint
+    from ..checkpoint import CheckpointError, peek_checkpoint
+    from ..checkpoint_files import newest_readable_checkpoint
 
     ckpt_cfg = trainer.cfg.checkpoint
     suffix = trainer.checkpoint_suffix

@@ -9,7 +9,7 @@ file-size limit, read-only or forbidden folder (an ``OSError`` naming its file,
 ``errors.ENVIRONMENT_ERRNOS``) end the run with ``error: FILE: problem`` on
 stderr and exit status 2, not a traceback.  torch's writer reports a failed
 write as a ``RuntimeError`` without the cause; checkpoint writes recover the
-``OSError`` (``checkpoint.save_atomic``) and are not retried for these causes
+``OSError`` (``checkpoint_files.save_atomic``) and are not retried for these causes
 (``atomic_checkpoints``).
 """
 

@@ -24,7 +24,8 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.tasks import register_task
 
 from ...base.objectives import ObjectiveDescription
-from .bottleneck_pretrain import DUMMY_BATCH, BottleneckPretrainConfig, BottleneckPretrainTask  # noqa: F401
+from .bottleneck_pretrain import BottleneckPretrainTask
+from .config import BottleneckPretrainConfig
 
 # any constant works: fairseq hashes (seed, epoch, index) into the mask generator's seed
 VIEW_2_SEED_OFFSET = 7919

@@ -27,17 +27,21 @@ measurably damages what it knew (issue 23: zero-shot MRR@10 of all-MiniLM-L6-v2
 The factors multiply.  fairseq has one parameter group and sets one learning
 rate on all groups; ``fairseq_patches/optimizer_groups.py`` splits the
 optimizer's group along :func:`group_labels` and :meth:`EncoderSchedule.scale`
-gives each group's factor at each update (``BottleneckPretrainTask.optimizer_step``).
+gives each group's factor at each update (``EncoderLRHooks.optimizer_step``).
 Everything depends on the update number only, so a resumed run continues the
 same schedule.
 """
 
+import logging
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ...base.errors import ConfigurationError
+from ..fairseq_patches.optimizer_groups import GROUP_KEY
+
+logger = logging.getLogger(__name__)
 
 ENCODER_BODY = "encoder.sentence_encoder."
 HEADS = "heads"
@@ -161,3 +165,47 @@ def zero_grads(params: List[torch.nn.Parameter]) -> None:
 def encoder_layers(model: torch.nn.Module) -> Optional[int]:
     layers = getattr(getattr(getattr(model, "encoder", None), "sentence_encoder", None), "layers", None)
     return len(layers) if layers is not None else None
+
+
+class EncoderLRHooks:
+    """The task's hooks of the encoder's own learning rate (``fairseq_patches/optimizer_groups.py``)."""
+
+    def train_step(
+        self, sample, model, criterion, optimizer, update_num, ignore_grad=False
+    ) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
+        out = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        schedule, encoder = self.encoder_schedule(model)
+        if schedule.frozen(update_num):
+            zero_grads(encoder)  # out of the gradient norm and Adam's moments
+        return out
+
+    def encoder_schedule(self, model) -> Tuple[EncoderSchedule, List[torch.nn.Parameter]]:
+        """The encoder's schedule for ``model`` (whose depth the layer decay needs) and its body's parameters."""
+        if self._encoder_lr is None or self._encoder_lr[0] != id(model):
+            schedule = EncoderSchedule.from_cfg(self.cfg, encoder_layers(model) or 0)
+            self._encoder_lr = (id(model), schedule, encoder_parameters(model))
+        return self._encoder_lr[1:]
+
+    def lr_group_labels(self, model) -> Optional[Dict[int, str]]:
+        """``{id(parameter): learning-rate group}`` for the optimizer, None when one group serves."""
+        schedule, _ = self.encoder_schedule(model)
+        if not schedule.active:
+            return None
+        logger.info(schedule.describe())
+        return group_labels(model)
+
+    def optimizer_step(self, optimizer, model, update_num) -> None:
+        schedule, _ = self.encoder_schedule(model)
+        if not schedule.active:
+            return super().optimizer_step(optimizer, model, update_num)
+        if schedule.freeze_updates and update_num == schedule.freeze_updates:
+            logger.info(f"update {update_num + 1}: the encoder trains from now on")
+        groups = optimizer.param_groups
+        scheduled = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] *= schedule.scale(g.get(GROUP_KEY, HEADS), update_num)
+        try:
+            super().optimizer_step(optimizer, model, update_num)
+        finally:  # the scheduler, the log and the saved state keep the scheduled rate
+            for g, lr in zip(groups, scheduled):
+                g["lr"] = lr

@@ -32,7 +32,8 @@ from fairseq.tasks import register_task
 from ...base.objectives import ObjectiveDescription
 from ...base.vocabulary.dictionary import is_ordinary
 from ..data.decoder_mask_dataset import DecoderMaskDataset
-from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
+from .bottleneck_pretrain import BottleneckPretrainTask
+from .config import BottleneckPretrainConfig
 
 BOW_NORMALIZE_CHOICES = ChoiceEnum(["distinct", "tokens"])
 

@@ -18,7 +18,8 @@ from fairseq.tasks import register_task
 from ...base.objectives import ObjectiveDescription
 from ..data.shift_tokens_dataset import ShiftTokensDataset
 from ..modules.windowed_decoder import FULL
-from .bottleneck_pretrain import WORD_START, BottleneckPretrainConfig, BottleneckPretrainTask  # noqa: F401
+from .bottleneck_pretrain import BottleneckPretrainTask
+from .config import BottleneckPretrainConfig
 
 
 @dataclass

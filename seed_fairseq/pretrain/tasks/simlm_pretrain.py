@@ -28,7 +28,8 @@ from ...base.objectives import ObjectiveDescription
 from ..checkpoint import CheckpointError
 from ..data.replaced_lm_dataset import FieldDataset, ReplacedLMNoiseDataset
 from ..models.simlm import SimLMModel
-from .bottleneck_pretrain import BottleneckPretrainConfig, BottleneckPretrainTask
+from .bottleneck_pretrain import BottleneckPretrainTask
+from .config import BottleneckPretrainConfig
 
 if TYPE_CHECKING:
     from fairseq.criterions import FairseqCriterion

@@ -169,7 +169,7 @@ def faiss_equal(emb: np.ndarray, use_gpu: bool, k: int = 10, queries: int = 32) 
     faiss-cpu: the same neighbours and scores within 1e-3."""
     import faiss
 
-    from ...encoders.retrieval.search import build_index, search
+    from ...encoders.retrieval.index import build_index, search
 
     cpu = build_index(emb, "flat")
     if use_gpu:

@@ -12,7 +12,7 @@ from ...base.fileio import OutputError, storage_line
 from ...base.retrieval_data import DataFormatError
 from ...encoders.retrieval.cli import report
 from ...encoders.retrieval.config import flag_of
-from ...encoders.retrieval.search import SearchError
+from ...encoders.retrieval.index import SearchError
 from .layout import StageError, corpus_documents
 
 # FinetuneConfig field -> the comparison's flag: its own names (the epochs, batch size and
