@@ -55,7 +55,8 @@ def main(argv=None):
     import numpy as np
     import torch
 
-    from seed_fairseq.base.retrieval_data import derive_retrieval_set, load_data
+    from seed_fairseq.base.derived_set import derive_retrieval_set
+    from seed_fairseq.base.retrieval_data import load_data
     from seed_fairseq.encoders.retrieval.index import build_index, search, to_run
     from seed_fairseq.encoders.retrieval.metrics import evaluate
     from seed_fairseq.encoders.retrieval.search import encode, load_model

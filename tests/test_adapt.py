@@ -32,7 +32,7 @@ TINY = ["--objective", "seed", "--updates", "4", "--batch-size", "8", "--validat
 
 def _training_queries(root):
     """A BEIR folder with a train split: the queries derived from 8 documents of the demo corpus."""
-    from seed_fairseq.base.retrieval_data import derive_retrieval_set
+    from seed_fairseq.base.derived_set import derive_retrieval_set
 
     text = root / "train_docs.txt"
     text.write_text("\n\n".join("\n".join(d) for d in corpus_documents(DEMO_CORPUS)[:8]) + "\n")

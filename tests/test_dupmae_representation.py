@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from helpers import REPO, USER_DIR, check, cli
 from objectives import TINY_ENCODER
 
-from seed_fairseq.base.retrieval_data import DataFormatError, load_data, write_beir
+from seed_fairseq.base.derived_set import write_beir
+from seed_fairseq.base.retrieval_data import DataFormatError, load_data
 from seed_fairseq.encoders.dupmae import retriever as rd
 from seed_fairseq.encoders.dupmae.head import (
     CONFIG_FILE,

@@ -24,7 +24,7 @@ from helpers import DEMO_CORPUS
 from hf_models import roberta_tokenizer, save_bert
 from objectives import TINY_ENCODER
 
-from seed_fairseq.base.retrieval_data import derive_retrieval_set
+from seed_fairseq.base.derived_set import derive_retrieval_set
 from seed_fairseq.encoders.retrieval.evaluate import evaluate_model
 from seed_fairseq.encoders.retrieval.metrics import check_depth, measured_at
 from seed_fairseq.workflows.adapt import cli as adapt_cli

@@ -28,7 +28,7 @@ import pytest
 from helpers import DEMO_CORPUS, REPO
 from objectives import TINY_ENCODER
 
-from seed_fairseq.base.retrieval_data import split_sentences
+from seed_fairseq.base.derived_set import split_sentences
 from seed_fairseq.workflows.compare import cli
 from seed_fairseq.workflows.compare.pipeline import Comparison
 from seed_fairseq.workflows.kit.heldout import count_blocks, first_batch_blocks

@@ -35,7 +35,7 @@ from preprocess.stages import (
     UndeclaredInput,
     field_value,
 )
-from seed_fairseq.base.retrieval_data import derive_retrieval_set
+from seed_fairseq.base.derived_set import derive_retrieval_set
 from seed_fairseq.workflows.adapt import cli as adapt_cli
 from seed_fairseq.workflows.adapt import study
 from seed_fairseq.workflows.adapt.pipeline import Adaptation

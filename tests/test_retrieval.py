@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from seed_fairseq.base import retrieval_data as rdata
-from seed_fairseq.base.retrieval_data import DataFormatError, load_data, write_beir
+from seed_fairseq.base.derived_set import write_beir
+from seed_fairseq.base.retrieval_data import DataFormatError, load_data
 from seed_fairseq.encoders.retrieval.bm25 import BM25
 from seed_fairseq.encoders.retrieval.index import build_index, search
 from seed_fairseq.encoders.retrieval.metrics import (

@@ -32,7 +32,7 @@ def write_dev(folder, n_queries=24, extra_docs=10):
     """A BEIR folder from the demo corpus: a paragraph's first 6 words are a query, the rest its
     one relevant document; ``extra_docs`` other documents, the last judged not relevant (0) for
     the first query."""
-    from seed_fairseq.base.retrieval_data import write_beir
+    from seed_fairseq.base.derived_set import write_beir
 
     paragraphs = [p for p in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if len(p.split()) >= 14]
     corpus, queries, qrels = {}, {}, {}

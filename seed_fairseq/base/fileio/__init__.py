@@ -40,13 +40,13 @@ from .atomic import (  # noqa: F401
     write_json_atomic,
     write_text_atomic,
 )
+from .locks import lock_folder  # noqa: F401
 from .ownership import (  # noqa: F401
     STAGING_MARK,
     Owned,
     claim_name,
     delete_listed,
     listed_path,
-    lock_folder,
     owned_output,
     remove_stale_staging,
     staged_dir,

@@ -2,7 +2,6 @@
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from .atomic import (
     temp_dir_beside,
     write_json_atomic,
 )
+from .locks import flock_fd, lock_folder
 from .storage import storage_error
 
 # ---- deleting exactly what a record lists ---------------------------------------------------
@@ -184,15 +184,6 @@ def _sigterm_unwinds() -> Iterator[None]:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _lock_file(fd: int, wait: bool) -> bool:
-    """flock; False when another process holds it (or, ``wait`` aside, locks are unsupported)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except OSError:
-        return False
-    return True
-
-
 # the signals that unwind a tool (SIGINT: KeyboardInterrupt; SIGTERM: _sigterm_unwinds)
 _UNWINDING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -242,7 +233,7 @@ def _staging_dir(out: Path, tool: str) -> Iterator[Path]:
         with _signals_held():
             staging = temp_dir_beside(out)
             fd = os.open(staging / STAGING_MARK, os.O_CREAT | os.O_EXCL | os.O_RDWR, file_mode())
-        _lock_file(fd, wait=True)
+        flock_fd(fd, wait=True)
         os.write(fd, json.dumps({"tool": tool, "pid": os.getpid()}).encode())
         yield staging
     finally:
@@ -275,32 +266,10 @@ def remove_stale_staging(out: PathLike, tool: str) -> None:
             continue
         try:
             mark = _read_json(entry / STAGING_MARK)
-            if _lock_file(fd, wait=False) and isinstance(mark, dict) and mark.get("tool") == tool:
+            if flock_fd(fd, wait=False) and isinstance(mark, dict) and mark.get("tool") == tool:
                 shutil.rmtree(entry, ignore_errors=True)
         finally:
             os.close(fd)
-
-
-def lock_folder(folder: PathLike, busy: str, *, lock_file: Optional[str] = None) -> Optional[int]:
-    """The one writer's lock on ``folder``, taken without waiting: a second writer is refused.
-
-    Locks ``folder`` itself, or the file ``folder/lock_file`` (created, umask
-    permissions) when given.  Returns the descriptor that holds the lock
-    (closing it, or the process ending, even by ``kill -9``, releases it), or
-    None on a file system without locks, where the caller carries on unlocked.
-    :class:`OutputError` ``(folder, busy)`` when another process holds it; an
-    error opening the folder or file is raised as it is.
-    """
-    target = Path(folder) / lock_file if lock_file else Path(folder)
-    fd = os.open(target, os.O_RDWR | os.O_CREAT if lock_file else os.O_RDONLY, file_mode())
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise OutputError(folder, busy) from None
-        return None
-    return fd
 
 
 @contextlib.contextmanager

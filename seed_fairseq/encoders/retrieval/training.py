@@ -63,8 +63,9 @@ from typing import TYPE_CHECKING, List, Optional
 import numpy as np
 import torch
 
+from ...base.derived_set import subsample
 from ...base.fileio import OutputError, owned_output, staged_dir
-from ...base.retrieval_data import DataFormatError, RetrievalData, subsample
+from ...base.retrieval_data import DataFormatError, RetrievalData
 from . import representations
 from .batching import (
     NoDuplicateBatches,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ...base.derived_set import derive_retrieval_set
 from ...base.fileio import OutputError, check_output_dir, lock_folder, sha256_file, write_json_atomic
-from ...base.retrieval_data import derive_retrieval_set
 from ...encoders.retrieval.config import FinetuneConfig
 from .objectives import PretrainSettings, eval_models
 
