@@ -5,7 +5,18 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import DEMO_CORPUS, REPO, TINY_MODEL_ARGS, USER_DIR, build_data_bin, check, cli
+from helpers import (
+    DEMO_CORPUS,
+    GENERATOR,
+    REPO,
+    TINY_MODEL_ARGS,
+    build_data_bin,
+    check,
+    fairseq_train,
+    parse_argv,
+    tiny_run,
+    train_args,
+)
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -76,59 +87,18 @@ def contract_data(tmp_path_factory):
 
 # SimLM's generator for the tests: a masked LM unlike the SimLM encoder (1 layer,
 # hidden 16, FFN 23), made the way docs/objectives/simlm.md documents, through the real CLI
-SIMLM_GENERATOR_ARCH = [
-    "--arch",
-    "seed_encoder_mlm_only",
-    "--encoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "23",
-    "--encoder-attention-heads",
-    "2",
-]
+SIMLM_GENERATOR_SIZES = [
+    "--encoder-layers", "1", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "23",
+    "--encoder-attention-heads", "2",
+]  # fmt: skip
 
 
 def train_simlm_generator(data, save_dir, *extra, max_update=3):
-    """A tiny generator: seed_encoder_mlm_only on ``data`` for a few updates; its checkpoint."""
-    check(
-        [
-            cli("fairseq-train"),
-            data,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "seed_pretrain",
-            "--criterion",
-            "seed_pretrain",
-            *SIMLM_GENERATOR_ARCH,
-            "--tokens-per-sample",
-            "48",
-            "--sample-break-mode",
-            "none",
-            "--batch-size",
-            "4",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--lr-scheduler",
-            "fixed",
-            "--max-update",
-            str(max_update),
-            "--save-dir",
-            save_dir,
-            "--cpu",
-            "--seed",
-            "5",
-            "--num-workers",
-            "0",
-            "--no-epoch-checkpoints",
-            "--disable-validation",
-            *extra,
-        ]
-    )
+    """A tiny generator: the kit's GENERATOR (seed_encoder_mlm_only) on ``data`` for a few updates; its checkpoint."""
+    optim = ["--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed"]
+    run = tiny_run(max_update, tokens_per_sample=48, batch_size=4, seed=5)
+    check(fairseq_train(data, *train_args(GENERATOR, model=SIMLM_GENERATOR_SIZES, own=()), "--sample-break-mode",
+                        "none", *optim, *run, *extra, save_dir=save_dir))  # fmt: skip
     return Path(save_dir) / "checkpoint_last.pt"
 
 
@@ -146,21 +116,12 @@ def build_task_model(data_dir, *extra, arch_args=TINY_MODEL_ARGS, tokens_per_sam
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
-        [
-            str(data_dir),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "seed_pretrain",
-            "--criterion",
-            "seed_pretrain",
-            *arch_args,
-            "--tokens-per-sample",
-            str(tokens_per_sample),
-            "--cpu",
-            *extra,
-        ],
-    )
+        parse_argv(
+            data_dir,
+            ["--task", "seed_pretrain", "--criterion", "seed_pretrain", *arch_args,
+             "--tokens-per-sample", str(tokens_per_sample), "--cpu", *extra],
+        ),
+    )  # fmt: skip
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)

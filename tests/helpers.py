@@ -7,8 +7,11 @@ from pathlib import Path
 
 from objectives import TINY_ENCODER
 
+# the tests' USER_DIR and command lines: the kit's builder, as the workflows build theirs
+from seed_fairseq.base.user_dir import USER_DIR, parse_argv  # noqa: F401
+from seed_fairseq.workflows.kit.argv import GENERATOR, SGD_ONE_STEP, command, train_args  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
-USER_DIR = str(REPO / "seed_fairseq")
 DEMO_CORPUS = REPO / "examples" / "data" / "demo_corpus.txt"
 SHARED = REPO.parent / "shared"
 WIKI_SAMPLE = SHARED / "data" / "enwiki-sample-206-pages.xml.bz2"
@@ -86,36 +89,28 @@ ADAM = [
 ]
 
 
-def train_cmd(data, save_dir, *extra, max_update=20, tokens_per_sample=64, batch_size=8, optim=ADAM):
+def fairseq_train(data, *args, save_dir=None, launcher=()):
+    """``[launcher] fairseq-train DATA --user-dir seed_fairseq ARGS [--save-dir SAVE_DIR]``: the
+    tests' one way to write a fairseq-train command (``kit.argv.command``); ``parse_argv(data, args)``
+    is the same without the program, for fairseq's parser in-process."""
+    return command(data, args, save_dir=save_dir, launcher=launcher)
+
+
+# what a tiny run of the tests sets besides the model and the optimizer
+def tiny_run(max_update=20, tokens_per_sample=64, batch_size=8, seed=3):
     return [
-        cli("fairseq-train"),
+        "--tokens-per-sample", str(tokens_per_sample), "--batch-size", str(batch_size),
+        "--max-update", str(max_update), "--cpu", "--seed", str(seed), "--num-workers", "0",
+        "--no-epoch-checkpoints", "--disable-validation",
+    ]  # fmt: skip
+
+
+def train_cmd(data, save_dir, *extra, max_update=20, tokens_per_sample=64, batch_size=8, optim=ADAM):
+    """SEED's tiny encoder for ``max_update`` updates (json log every update), then ``extra``."""
+    return fairseq_train(
         data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "seed_pretrain",
-        "--criterion",
-        "seed_pretrain",
-        *TINY_MODEL_ARGS,
-        "--tokens-per-sample",
-        str(tokens_per_sample),
-        "--batch-size",
-        str(batch_size),
-        *optim,
-        "--max-update",
-        str(max_update),
-        "--log-format",
-        "json",
-        "--log-interval",
-        "1",
-        "--save-dir",
-        save_dir,
-        "--cpu",
-        "--seed",
-        "3",
-        "--num-workers",
-        "0",
-        "--no-epoch-checkpoints",
-        "--disable-validation",
+        "--task", "seed_pretrain", "--criterion", "seed_pretrain", *TINY_MODEL_ARGS, *optim,
+        *tiny_run(max_update, tokens_per_sample, batch_size), "--log-format", "json", "--log-interval", "1",
         *extra,
-    ]
+        save_dir=save_dir,
+    )  # fmt: skip

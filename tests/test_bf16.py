@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO, check, train_cmd
+from helpers import REPO, check, parse_argv, train_cmd
 
 from seed_fairseq.pretrain.checkpoint import load_torch_file  # weights_only with the allowlist
 from seed_fairseq.pretrain.fairseq_patches import bf16_device
@@ -54,9 +54,10 @@ def test_the_trainer_runs_in_bf16(demo_data_bin):
     import seed_fairseq  # noqa: F401
     from seed_fairseq.pretrain.fairseq_patches import bf16_device as fix
 
-    args = [str(demo_data_bin), "--user-dir", str(REPO / "seed_fairseq"), "--task", "seed_pretrain"]
+    args = ["--task", "seed_pretrain"]
     args += ["--criterion", "seed_pretrain", "--arch", "seed_encoder_tiny", "--cpu", "--bf16"]
     args += ["--tokens-per-sample", "48", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4"]
+    args = parse_argv(demo_data_bin, args)
     from fairseq.dataclass import utils as dataclass_utils
 
     cfg = dataclass_utils.convert_namespace_to_omegaconf(

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO, USER_DIR, check, cli
+from helpers import REPO, check, cli, fairseq_train
 
 FIXTURE = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
 CKPT = FIXTURE / "checkpoint_1_3.pt"
@@ -98,7 +98,7 @@ def test_old_checkpoint_loads_with_the_same_outputs():
 @pytest.mark.slow
 def _resume(tmp_path, *extra):
     shutil.copy(CKPT, tmp_path / "checkpoint_last.pt")
-    proc = check([cli("fairseq-train"), DATA, "--user-dir", USER_DIR, *TRAIN_ARGS, *extra, "--save-dir", tmp_path])
+    proc = check(fairseq_train(DATA, *TRAIN_ARGS, *extra, save_dir=tmp_path))
     log = proc.stderr + proc.stdout
     assert "@ 3 updates" in log
     records = [

@@ -32,29 +32,12 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO, USER_DIR, check, cli
+from helpers import REPO, SGD_ONE_STEP, check, cli, fairseq_train, parse_argv, tiny_run
 from objectives import OBJECTIVES
 
 IDS = [o.name for o in OBJECTIVES]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
-SGD_ONE_STEP = [
-    # plain SGD with lr 1: the parameter change IS the gradient
-    "--optimizer",
-    "sgd",
-    "--lr",
-    "1.0",
-    "--lr-scheduler",
-    "fixed",
-    "--clip-norm",
-    "0",
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    "--weight-decay",
-    "0",
-]
 ADAM = [
     "--optimizer",
     "adam",
@@ -106,36 +89,14 @@ def run_tool(obj, cmd, launcher=(), env=None):
 
 
 def train_cmd(obj, data, save_dir, *extra, max_update, batch_size=4, optim=ADAM, fixtures=None):
-    return [
-        cli("fairseq-train"),
+    return fairseq_train(
         data,
-        "--user-dir",
-        USER_DIR,
-        *obj.args(**(fixtures or {})),
-        "--tokens-per-sample",
-        "48",
-        "--sample-break-mode",
-        "none",
-        "--batch-size",
-        str(batch_size),
-        *optim,
-        "--max-update",
-        str(max_update),
-        "--log-format",
-        "json",
-        "--log-interval",
-        "1",
-        "--save-dir",
-        save_dir,
-        "--cpu",
-        "--seed",
-        "3",
-        "--num-workers",
-        "0",
-        "--no-epoch-checkpoints",
-        "--disable-validation",
+        *obj.args(**(fixtures or {})), "--sample-break-mode", "none", *optim,
+        *tiny_run(max_update, tokens_per_sample=48, batch_size=batch_size),
+        "--log-format", "json", "--log-interval", "1",
         *extra,
-    ]
+        save_dir=save_dir,
+    )  # fmt: skip
 
 
 def records(proc):
@@ -159,18 +120,11 @@ def build_with_cfg(obj, data, *extra, fixtures=None):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            *obj.args(**(fixtures or {})),
-            "--tokens-per-sample",
-            "48",
-            "--sample-break-mode",
-            "none",
-            "--cpu",
-            *extra,
-        ],
+        parse_argv(
+            data,
+            [*obj.args(**(fixtures or {})), "--tokens-per-sample", "48", "--sample-break-mode", "none"]
+            + ["--cpu", *extra],
+        ),
     )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli
+from helpers import DEMO_CORPUS, REPO, check, fairseq_train, parse_argv
 from objectives import TINY_ENCODER
 
 
@@ -30,7 +30,7 @@ def build(data, *extra):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [str(data), "--user-dir", USER_DIR, *MODEL, "--cpu", *extra])
+    args = options.parse_args_and_arch(parser, parse_argv(data, [*MODEL, "--cpu", *extra]))
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
@@ -115,11 +115,14 @@ def records(proc, kind):
 
 def train(data, save_dir, *extra, max_update=6):
     return check(
-        [cli("fairseq-train"), data, "--user-dir", USER_DIR, *MODEL, "--batch-size", "4"]
-        + ["--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(max_update)]
-        + ["--log-format", "json", "--log-interval", "1", "--save-dir", save_dir, "--cpu", "--seed", "3"]
-        + ["--num-workers", "0", "--no-epoch-checkpoints", "--no-save", *extra]
-    )
+        fairseq_train(
+            data, *MODEL, "--batch-size", "4",
+            "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(max_update),
+            "--log-format", "json", "--log-interval", "1", "--cpu", "--seed", "3",
+            "--num-workers", "0", "--no-epoch-checkpoints", "--no-save", *extra,
+            save_dir=save_dir,
+        )
+    )  # fmt: skip
 
 
 @pytest.mark.slow

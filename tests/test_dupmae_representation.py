@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import REPO, USER_DIR, check, cli
+from helpers import REPO, check, fairseq_train
 from objectives import TINY_ENCODER
 
 from seed_fairseq.base.derived_set import write_beir
@@ -205,43 +205,15 @@ def test_cls_projection_is_identity_or_the_best_rank_d_prime_map():
 
 def pretrain(data, save_dir, task):
     check(
-        [
-            cli("fairseq-train"),
+        fairseq_train(
             data,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            task,
-            "--criterion",
-            task,
-            "--arch",
-            task.replace("_pretrain", "_tiny"),
-            *TINY_ENCODER,
-            "--decoder-ffn-embed-dim",
-            "23",
-            "--tokens-per-sample",
-            "48",
-            "--batch-size",
-            "8",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--lr-scheduler",
-            "fixed",
-            "--max-update",
-            "3",
-            "--save-dir",
-            save_dir,
-            "--cpu",
-            "--seed",
-            "3",
-            "--num-workers",
-            "0",
-            "--no-epoch-checkpoints",
-            "--disable-validation",
-        ]
-    )
+            "--task", task, "--criterion", task, "--arch", task.replace("_pretrain", "_tiny"),
+            *TINY_ENCODER, "--decoder-ffn-embed-dim", "23", "--tokens-per-sample", "48", "--batch-size", "8",
+            "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", "3",
+            "--cpu", "--seed", "3", "--num-workers", "0", "--no-epoch-checkpoints", "--disable-validation",
+            save_dir=save_dir,
+        )
+    )  # fmt: skip
     return save_dir / "checkpoint_last.pt"
 
 

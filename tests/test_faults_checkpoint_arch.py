@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 import torch
-from helpers import USER_DIR
+from helpers import parse_argv
 from hf_models import save_bert, save_roberta
 from objectives import OBJECTIVES, TINY_ENCODER
 
@@ -51,7 +51,7 @@ def continued(obj, start, path):
         objective += ["--generator-path", str(start_ckpt or path)]
     ns = options.parse_args_and_arch(
         options.get_training_parser(),
-        [str(data), "--user-dir", USER_DIR, *objective, *encoder_args, "--tokens-per-sample", "48", "--cpu"],
+        parse_argv(data, [*objective, *encoder_args, "--tokens-per-sample", "48", "--cpu"]),
     )
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)

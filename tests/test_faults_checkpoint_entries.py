@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from helpers import REPO, USER_DIR, load_driver
+from helpers import REPO, load_driver, parse_argv
 
 FIXTURE = REPO / "tests" / "fixtures" / "seed_fairseq_0.1"
 EMBED = "encoder.sentence_encoder.embed_tokens.weight"
@@ -104,11 +104,11 @@ def trainer_for(tmp_path_factory):
     from fairseq.trainer import Trainer
 
     encoder = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "37"]
-    base = [str(FIXTURE / "data-bin"), "--user-dir", USER_DIR, "--task", "seed_pretrain", "--criterion"]
+    base = ["--task", "seed_pretrain", "--criterion"]
     base += ["seed_pretrain", "--arch", "seed_encoder_tiny", *encoder, "--encoder-attention-heads", "2"]
     base += ["--decoder-layers", "1", "--tokens-per-sample", "64", "--batch-size", "4", "--cpu"]
     base += ["--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--num-workers", "0"]
-    ns = options.parse_args_and_arch(options.get_training_parser(), base)
+    ns = options.parse_args_and_arch(options.get_training_parser(), parse_argv(FIXTURE / "data-bin", base))
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)
     trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))

@@ -12,7 +12,7 @@ import hashlib
 
 import pytest
 import torch
-from helpers import TINY_MODEL_ARGS, USER_DIR
+from helpers import TINY_MODEL_ARGS, parse_argv
 
 
 def build(data, save_dir, start):
@@ -23,11 +23,14 @@ def build(data, save_dir, start):
 
     ns = options.parse_args_and_arch(
         options.get_training_parser(),
-        [str(data), "--user-dir", USER_DIR, "--task", "seed_pretrain", "--criterion", "seed_pretrain"]
-        + [*TINY_MODEL_ARGS, "--tokens-per-sample", "32", "--batch-size", "4", "--cpu", "--seed", "1"]
-        + ["--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--num-workers", "0"]
-        + ["--save-dir", str(save_dir), "--save-interval-updates", "2", "--no-epoch-checkpoints"]
-        + ["--finetune-from-model", str(start), "--disable-validation"],
+        parse_argv(
+            data,
+            ["--task", "seed_pretrain", "--criterion", "seed_pretrain"]
+            + [*TINY_MODEL_ARGS, "--tokens-per-sample", "32", "--batch-size", "4", "--cpu", "--seed", "1"]
+            + ["--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--num-workers", "0"]
+            + ["--save-dir", str(save_dir), "--save-interval-updates", "2", "--no-epoch-checkpoints"]
+            + ["--finetune-from-model", str(start), "--disable-validation"],
+        ),
     )
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)

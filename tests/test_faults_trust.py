@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, USER_DIR, cli, load_driver, run
+from helpers import REPO, fairseq_train, load_driver, parse_argv, run
 from objectives import OBJECTIVES, TINY_ENCODER
 
 from seed_fairseq.pretrain.checkpoint import (
@@ -203,9 +203,12 @@ def _simlm_task(generator, *extra, from_checkpoint=False):
 
     args = options.parse_args_and_arch(
         options.get_training_parser(),
-        [str(DATA), "--user-dir", USER_DIR, "--task", "simlm_pretrain", "--criterion", "simlm_pretrain"]
-        + ["--arch", "simlm_tiny", *TINY_ENCODER, "--tokens-per-sample", "48", "--cpu"]
-        + ["--generator-path", str(generator), *extra],
+        parse_argv(
+            DATA,
+            ["--task", "simlm_pretrain", "--criterion", "simlm_pretrain"]
+            + ["--arch", "simlm_tiny", *TINY_ENCODER, "--tokens-per-sample", "48", "--cpu"]
+            + ["--generator-path", str(generator), *extra],
+        ),
     )
     return tasks.setup_task(convert_namespace_to_omegaconf(args).task, from_checkpoint=from_checkpoint)
 
@@ -239,10 +242,13 @@ def _trainer(save_dir, *args):
 
     parsed = options.parse_args_and_arch(
         options.get_training_parser(),
-        [str(DATA), "--user-dir", USER_DIR, "--tokens-per-sample", "48", "--sample-break-mode", "none"]
-        + ["--batch-size", "4", "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "polynomial_decay"]
-        + ["--total-num-update", "10", "--cpu", "--num-workers", "0", "--seed", "3", "--save-dir", str(save_dir)]
-        + list(args),  # last: they override the above
+        parse_argv(
+            DATA,
+            ["--tokens-per-sample", "48", "--sample-break-mode", "none"]
+            + ["--batch-size", "4", "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "polynomial_decay"]
+            + ["--total-num-update", "10", "--cpu", "--num-workers", "0", "--seed", "3", "--save-dir", str(save_dir)]
+            + list(args),  # last: they override the above
+        ),
     )
     cfg = convert_namespace_to_omegaconf(parsed)
     task = tasks.setup_task(cfg.task)
@@ -270,9 +276,12 @@ def test_fairseq_train_restore_trusts_only_with_the_runs_own_option(tmp_path):
 def test_fairseq_train_refuses_a_poisoned_restore_file_in_one_line(tmp_path):
     path, marker = poisoned(tmp_path)
     save = tmp_path / "save"
-    cmd = [cli("fairseq-train"), DATA, "--user-dir", USER_DIR, *FIXTURE_MODEL, "--tokens-per-sample", "64"]
-    cmd += ["--batch-size", "4", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "4", "--cpu"]
-    cmd += ["--num-workers", "0", "--disable-validation", "--save-dir", save, "--restore-file", path]
+    cmd = fairseq_train(
+        DATA, *FIXTURE_MODEL, "--tokens-per-sample", "64",
+        "--batch-size", "4", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "4", "--cpu",
+        "--num-workers", "0", "--disable-validation", "--restore-file", path,
+        save_dir=save,
+    )  # fmt: skip
     proc = run(cmd)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
@@ -364,7 +373,7 @@ def test_the_allowlist_loads_the_fixture_and_the_tools_outputs(tmp_path):
     assert_loads_under_the_allowlist(CKPT)  # the 0.1 format: argparse Namespace args
     assert_loads_under_the_allowlist(write_encoder_checkpoint(CKPT, tmp_path / "enc.pt", data=DATA))
     args = options.parse_args_and_arch(
-        options.get_training_parser(), [str(DATA), "--user-dir", USER_DIR, *FIXTURE_MODEL, "--cpu"]
+        options.get_training_parser(), parse_argv(DATA, [*FIXTURE_MODEL, "--cpu"])
     )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 import torch
-from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli
+from helpers import DEMO_CORPUS, REPO, check, fairseq_train, parse_argv
 from hf_models import ODD_STRINGS, SAVERS, minilm_dir, save_sentence_model
 from objectives import BY_NAME, OBJECTIVES
 from test_contract import _plugin_features as plugin_features
@@ -66,42 +66,13 @@ def objective_args(obj, generator=None):
 def continue_cmd(obj, family_paths, save, max_update, *extra, generator=None):
     """``docs/hf.md``'s command: the objective, then ``model_args.txt``, then the warm start."""
     _, imp, data = family_paths
-    return [
-        cli("fairseq-train"),
-        data,
-        "--user-dir",
-        USER_DIR,
-        *objective_args(obj, generator),
-        *model_args(imp),
-        "--finetune-from-model",
-        imp / "checkpoint.pt",
-        "--tokens-per-sample",
-        "48",
-        "--batch-size",
-        "4",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "1e-3",
-        "--lr-scheduler",
-        "fixed",
-        "--max-update",
-        str(max_update),
-        "--log-format",
-        "json",
-        "--log-interval",
-        "1",
-        "--save-dir",
-        save,
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--seed",
-        "3",
-        "--disable-validation",
-        "--no-epoch-checkpoints",
-        *extra,
-    ]
+    return fairseq_train(
+        data, *objective_args(obj, generator), *model_args(imp), "--finetune-from-model", imp / "checkpoint.pt",
+        "--tokens-per-sample", "48", "--batch-size", "4", "--optimizer", "adam", "--lr", "1e-3",
+        "--lr-scheduler", "fixed", "--max-update", str(max_update), "--log-format", "json", "--log-interval", "1",
+        "--cpu", "--num-workers", "0", "--seed", "3", "--disable-validation", "--no-epoch-checkpoints", *extra,
+        save_dir=save,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -119,8 +90,10 @@ def test_every_objective_builds_on_the_import(family, imported):
     for obj in OBJECTIVES:
         ns = options.parse_args_and_arch(
             options.get_training_parser(),
-            [str(data), "--user-dir", USER_DIR, *objective_args(obj, imp / "checkpoint.pt"), *model_args(imp)]
-            + ["--tokens-per-sample", "48", "--cpu"],
+            parse_argv(
+                data,
+                [*objective_args(obj, imp / "checkpoint.pt"), *model_args(imp), "--tokens-per-sample", "48", "--cpu"],
+            ),
         )
         cfg = convert_namespace_to_omegaconf(ns)
         model = tasks.setup_task(cfg.task).build_model(cfg.model)
@@ -145,8 +118,10 @@ def test_simlm_refuses_an_import_without_mlm_head_as_generator(imported):
         _, imp, data = imported[family]
         ns = options.parse_args_and_arch(
             options.get_training_parser(),
-            [str(data), "--user-dir", USER_DIR, *objective_args(simlm, imp / "checkpoint.pt"), *model_args(imp)]
-            + ["--tokens-per-sample", "48", "--cpu"],
+            parse_argv(
+                data,
+                [*objective_args(simlm, imp / "checkpoint.pt"), *model_args(imp), "--tokens-per-sample", "48", "--cpu"],
+            ),
         )
         task = tasks.setup_task(convert_namespace_to_omegaconf(ns).task)
         if family == "xlmr":  # saved as XLMRobertaModel: the import's head is random

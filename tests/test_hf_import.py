@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import DEMO_CORPUS, REPO, USER_DIR, check, cli, load_driver, run
+from helpers import DEMO_CORPUS, REPO, check, fairseq_train, load_driver, parse_argv, run
 from hf_models import ODD_STRINGS, SAVERS, minilm_dir, save_sentence_model
 
 IMPORT = REPO / "examples" / "import_from_hf.py"
@@ -203,8 +203,11 @@ def test_fairseq_train_continues_an_imported_model(bert_data, bert_import, tiny,
     parser = options.get_training_parser()
     ns = options.parse_args_and_arch(
         parser,
-        [str(bert_data), "--user-dir", USER_DIR, "--task", "seed_pretrain", "--criterion", "seed_pretrain"]
-        + ["--arch", "seed_encoder_tiny", *model_args, "--tokens-per-sample", "48", "--cpu"],
+        parse_argv(
+            bert_data,
+            ["--task", "seed_pretrain", "--criterion", "seed_pretrain"]
+            + ["--arch", "seed_encoder_tiny", *model_args, "--tokens-per-sample", "48", "--cpu"],
+        ),
     )
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)
@@ -224,14 +227,17 @@ def test_fairseq_train_continues_an_imported_model(bert_data, bert_import, tiny,
     torch.testing.assert_close(ours[mask], ref[mask], rtol=0, atol=1e-5)
 
     proc = check(
-        [cli("fairseq-train"), bert_data, "--user-dir", USER_DIR, "--task", "seed_pretrain"]
-        + ["--criterion", "seed_pretrain", "--arch", "seed_encoder_tiny", "--decoder-layers", "2", *model_args]
-        + ["--restore-file", bert_import / "checkpoint.pt", "--reset-optimizer", "--reset-dataloader"]
-        + ["--reset-meters", "--tokens-per-sample", "48", "--sample-break-mode", "none", "--batch-size", "8"]
-        + ["--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "fixed", "--max-update", "10"]
-        + ["--log-format", "json", "--log-interval", "1", "--save-dir", tmp_path, "--cpu", "--seed", "3"]
-        + ["--num-workers", "0", "--no-epoch-checkpoints", "--disable-validation", "--mask-whole-words"]
-        + ["--dropout", "0", "--attention-dropout", "0"]
+        fairseq_train(
+            bert_data, "--task", "seed_pretrain",
+            "--criterion", "seed_pretrain", "--arch", "seed_encoder_tiny", "--decoder-layers", "2", *model_args,
+            "--restore-file", bert_import / "checkpoint.pt", "--reset-optimizer", "--reset-dataloader",
+            "--reset-meters", "--tokens-per-sample", "48", "--sample-break-mode", "none", "--batch-size", "8",
+            "--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "fixed", "--max-update", "10",
+            "--log-format", "json", "--log-interval", "1", "--cpu", "--seed", "3",
+            "--num-workers", "0", "--no-epoch-checkpoints", "--disable-validation", "--mask-whole-words",
+            "--dropout", "0", "--attention-dropout", "0",
+            save_dir=tmp_path,
+        )  # fmt: skip
     )
     assert "keeping the freshly initialised weak_decoder" in proc.stdout + proc.stderr
     records = _train_records(proc)

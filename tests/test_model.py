@@ -4,7 +4,7 @@ receptive fields, half precision, and clear errors."""
 import pytest
 import torch
 from conftest import build_task_model
-from helpers import REPO
+from helpers import REPO, parse_argv
 from objectives import tiny_encoder
 
 from seed_fairseq.pretrain.models.bottleneck import vector_memory
@@ -251,17 +251,7 @@ def test_ablation_archs_configure_the_decoder(odd_dict_dir):
         parser = options.get_training_parser()
         args = options.parse_args_and_arch(
             parser,
-            [
-                str(odd_dict_dir),
-                "--user-dir",
-                "seed_fairseq",
-                "--task",
-                "seed_pretrain",
-                "--arch",
-                arch,
-                "--criterion",
-                "seed_pretrain",
-            ],
+            parse_argv(odd_dict_dir, ["--task", "seed_pretrain", "--arch", arch, "--criterion", "seed_pretrain"]),
         )
         assert args.decoder_layers == layers and args.decoder_attention_window == window
         assert args.encoder_layers == 12 and args.encoder_embed_dim == 768

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+from helpers import fairseq_train
 from objectives import tiny_encoder
 
 from preprocess import build as build_mod
@@ -612,37 +613,13 @@ def test_fairseq_train_seed_pretrain_on_wiki(wiki_out, tmp_path):
     if not _seed_plugin_ready():
         pytest.skip("seed_fairseq plugin (task seed_pretrain, arch seed_encoder_tiny) not available yet")
     proc = subprocess.run(
-        [
-            BIN / "fairseq-train",
+        fairseq_train(
             wiki_out,
-            "--user-dir",
-            REPO / "seed_fairseq",
-            "--task",
-            "seed_pretrain",
-            "--arch",
-            "seed_encoder_tiny",
-            "--criterion",
-            "seed_pretrain",
-            "--tokens-per-sample",
-            "64",
-            "--max-update",
-            "3",
-            "--batch-size",
-            "4",
-            "--cpu",
-            "--no-save",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-4",
-            "--log-format",
-            "simple",
-            "--log-interval",
-            "1",
-            "--num-workers",
-            "0",
-            "--skip-invalid-size-inputs-valid-test",
-        ],
+            "--task", "seed_pretrain", "--arch", "seed_encoder_tiny", "--criterion", "seed_pretrain",
+            "--tokens-per-sample", "64", "--max-update", "3", "--batch-size", "4", "--cpu", "--no-save",
+            "--optimizer", "adam", "--lr", "1e-4", "--log-format", "simple", "--log-interval", "1",
+            "--num-workers", "0", "--skip-invalid-size-inputs-valid-test",
+        ),  # fmt: skip
         capture_output=True,
         text=True,
         cwd=tmp_path,  # fairseq creates ./checkpoints even with --no-save

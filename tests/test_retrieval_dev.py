@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from helpers import DEMO_CORPUS, USER_DIR, check, cli, load_driver, run
+from helpers import DEMO_CORPUS, check, fairseq_train, load_driver, parse_argv, run
 from hf_models import ODD_STRINGS, save_bert
 
 from seed_fairseq.pretrain.checkpoint import load_torch_file
@@ -63,9 +63,10 @@ def setup(imp, data, *extra):
     from fairseq import checkpoint_utils, options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    args = [str(data), "--user-dir", USER_DIR, "--task", "seed_pretrain", "--criterion", "seed_pretrain"]
+    args = ["--task", "seed_pretrain", "--criterion", "seed_pretrain"]
     args += ["--arch", "seed_encoder_tiny", *shlex.split((imp / "model_args.txt").read_text())]
     args += ["--tokens-per-sample", str(TOKENS), "--sample-break-mode", "none", "--cpu", *extra]
+    args = parse_argv(data, args)
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args))
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
@@ -368,58 +369,20 @@ def test_data_without_its_tokenizer_is_refused_at_task_setup(bert, tmp_path):
 
 
 def train_cmd(imp, data, dev, save, max_update):
-    return [
-        cli("fairseq-train"),
+    return fairseq_train(
         data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "seed_pretrain",
-        "--criterion",
-        "seed_pretrain",
-        "--arch",
-        "seed_encoder_tiny",
-        *shlex.split((imp / "model_args.txt").read_text()),
-        "--finetune-from-model",
-        imp / "checkpoint.pt",
-        "--tokens-per-sample",
-        str(TOKENS),
-        "--sample-break-mode",
-        "none",
-        "--batch-size",
-        "4",
-        "--required-batch-size-multiple",
-        "1",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "3e-3",
-        "--lr-scheduler",
-        "fixed",
-        "--max-update",
-        str(max_update),
-        "--validate-interval-updates",
-        "2",
-        "--save-interval-updates",
-        "2",
-        "--no-epoch-checkpoints",
-        "--log-format",
-        "json",
-        "--save-dir",
-        save,
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--seed",
-        "3",
-        "--retrieval-dev",
-        dev,
-        "--retrieval-probe-size",
-        "8",
-        "--best-checkpoint-metric",
-        "dev_ndcg10",
-        "--maximize-best-checkpoint-metric",
-    ]
+        "--task", "seed_pretrain", "--criterion", "seed_pretrain",
+        "--arch", "seed_encoder_tiny", *shlex.split((imp / "model_args.txt").read_text()),
+        "--finetune-from-model", imp / "checkpoint.pt",
+        "--tokens-per-sample", str(TOKENS), "--sample-break-mode", "none",
+        "--batch-size", "4", "--required-batch-size-multiple", "1",
+        "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "fixed", "--max-update", str(max_update),
+        "--validate-interval-updates", "2", "--save-interval-updates", "2", "--no-epoch-checkpoints",
+        "--log-format", "json", "--cpu", "--num-workers", "0", "--seed", "3",
+        "--retrieval-dev", dev, "--retrieval-probe-size", "8",
+        "--best-checkpoint-metric", "dev_ndcg10", "--maximize-best-checkpoint-metric",
+        save_dir=save,
+    )  # fmt: skip
 
 
 def valid_records(log):

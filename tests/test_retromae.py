@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import USER_DIR, cli, run
+from helpers import fairseq_train, parse_argv, run
 from objectives import TINY_ENCODER
 
 from seed_fairseq.pretrain.criterions.retromae_pretrain import bow_term
@@ -28,24 +28,11 @@ def build(data_dir, *extra, task="dupmae_pretrain", arch="dupmae_tiny", tokens_p
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
-        [
-            str(data_dir),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            task,
-            "--criterion",
-            task,
-            "--arch",
-            arch,
-            *TINY_ENCODER,
-            "--decoder-ffn-embed-dim",
-            "23",
-            "--tokens-per-sample",
-            str(tokens_per_sample),
-            "--cpu",
-            *extra,
-        ],
+        parse_argv(
+            data_dir,
+            ["--task", task, "--criterion", task, "--arch", arch, *TINY_ENCODER, "--decoder-ffn-embed-dim", "23"]
+            + ["--tokens-per-sample", str(tokens_per_sample), "--cpu", *extra],
+        ),
     )
     cfg = convert_namespace_to_omegaconf(args)
     task_ = tasks.setup_task(cfg.task)
@@ -508,27 +495,12 @@ def test_contradicting_masking_options_are_refused(odd_dict_dir):
 @pytest.mark.slow
 def test_fairseq_train_names_the_bad_option_last(demo_data_bin, tmp_path):
     proc = run(
-        [
-            cli("fairseq-train"),
+        fairseq_train(
             demo_data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "dupmae_pretrain",
-            "--criterion",
-            "dupmae_pretrain",
-            "--arch",
-            "dupmae_tiny",
-            "--decoder-mask-prob",
-            "1.0",
-            "--batch-size",
-            "4",
-            "--cpu",
-            "--max-update",
-            "1",
-            "--save-dir",
-            tmp_path,
-        ]
-    )
+            "--task", "dupmae_pretrain", "--criterion", "dupmae_pretrain", "--arch", "dupmae_tiny",
+            "--decoder-mask-prob", "1.0", "--batch-size", "4", "--cpu", "--max-update", "1",
+            save_dir=tmp_path,
+        )
+    )  # fmt: skip
     assert proc.returncode != 0
     assert "--decoder-mask-prob must be in (0, 1), got 1.0" in proc.stderr.strip().splitlines()[-1]

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers import USER_DIR, check, cli, run
+from helpers import check, fairseq_train, parse_argv, run
 from objectives import TINY_ENCODER
 
 from seed_fairseq.pretrain.checkpoint import CheckpointError
@@ -28,22 +28,11 @@ def parse(data, *extra):
 
     args = options.parse_args_and_arch(
         options.get_training_parser(),
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "simlm_pretrain",
-            "--criterion",
-            "simlm_pretrain",
-            *TINY,
-            "--tokens-per-sample",
-            "48",
-            "--sample-break-mode",
-            "none",
-            "--cpu",
-            *extra,
-        ],
+        parse_argv(
+            data,
+            ["--task", "simlm_pretrain", "--criterion", "simlm_pretrain", *TINY]
+            + ["--tokens-per-sample", "48", "--sample-break-mode", "none", "--cpu", *extra],
+        ),
     )
     return convert_namespace_to_omegaconf(args)
 
@@ -550,46 +539,15 @@ def test_generator_check_applies_to_simlm_checkpoints_only(contract_data, simlm_
 
 
 def train_cmd(data, save_dir, generator, *extra, max_update=4):
-    return [
-        cli("fairseq-train"),
+    return fairseq_train(
         data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "simlm_pretrain",
-        "--criterion",
-        "simlm_pretrain",
-        *TINY,
-        "--generator-path",
-        generator,
-        "--tokens-per-sample",
-        "48",
-        "--sample-break-mode",
-        "none",
-        "--batch-size",
-        "4",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "1e-3",
-        "--lr-scheduler",
-        "fixed",
-        "--max-update",
-        str(max_update),
-        "--log-format",
-        "json",
-        "--log-interval",
-        "1",
-        "--save-dir",
-        save_dir,
-        "--cpu",
-        "--seed",
-        "3",
-        "--num-workers",
-        "0",
-        "--no-epoch-checkpoints",
-        *extra,
-    ]
+        "--task", "simlm_pretrain", "--criterion", "simlm_pretrain", *TINY, "--generator-path", generator,
+        "--tokens-per-sample", "48", "--sample-break-mode", "none", "--batch-size", "4",
+        "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(max_update),
+        "--log-format", "json", "--log-interval", "1", "--cpu", "--seed", "3", "--num-workers", "0",
+        "--no-epoch-checkpoints", *extra,
+        save_dir=save_dir,
+    )  # fmt: skip
 
 
 @pytest.mark.slow

@@ -9,26 +9,7 @@ import json
 import pytest
 import torch
 from conftest import build_task_model
-from helpers import check, cli, run, train_cmd
-
-SGD_ONE_STEP = [
-    # plain SGD with lr 1: the parameter change IS the gradient (Adam's first
-    # step would hide any rescaling of the gradient)
-    "--optimizer",
-    "sgd",
-    "--lr",
-    "1.0",
-    "--lr-scheduler",
-    "fixed",
-    "--clip-norm",
-    "0",
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    "--weight-decay",
-    "0",
-]
+from helpers import SGD_ONE_STEP, check, cli, run, train_cmd
 
 
 def _log_records(text, kind="train_inner"):
