@@ -12,7 +12,22 @@ from seed_fairseq.workflows.gpucheck.profile import device_family, peak_tflops
 from seed_fairseq.workflows.gpucheck.search import largest_batch
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-OBJECTIVE_NAMES = ["seed", "seed_full", "mlm_only", "retromae", "dupmae", "simlm", "cpdae", "masked_lm"]
+
+
+def _plugin_objectives():
+    """The objectives gpu_check trains, in its order: the plugin's own (registry order), then fairseq's
+    masked_lm (an objective of a test's --user-dir registered in this process is not fairseq-train's)."""
+    from fairseq.tasks import TASK_REGISTRY
+
+    import seed_fairseq  # noqa: F401  (registers the plugin)
+    from seed_fairseq.pretrain.tasks.registry import registered_objectives
+
+    own = [d.name for d in registered_objectives() if TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq.")]
+    return own + ["masked_lm"]
+
+
+OBJECTIVE_NAMES = _plugin_objectives()
+assert {"seed", "seed_full", "mlm_only", "retromae", "dupmae", "simlm", "cpdae", "bowpred"} <= set(OBJECTIVE_NAMES)
 
 
 def fits_below(limit, calls=None):
