@@ -10,9 +10,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from ...base.fileio import (
-    write_text_atomic,
-)
+from ...base.fileio import write_text_atomic
 from . import report
 from .budget import MIN_UPDATES, Budget, OutOfTime, updates_that_fit
 from .inputs import describe_data
