@@ -13,7 +13,8 @@
 # default: the bundle's data/ when it has one, the Wikipedia sample with 32,768 pieces, else none:
 # gpu_check builds the demo corpus, 16,384 pieces). $PYTHON is the image's interpreter (default
 # /opt/torch/.venv/bin/python3, else python3); $DEVICE_VENV and $DEVICE_WORK the venv and gpu_check's
-# scratch folder (defaults under /tmp).
+# scratch folder (defaults under /tmp). After `--`: gpu_check's own options (e.g. `-- --objectives
+# simlm,cpdae`: a second call for what a first left out).
 #
 # At most 8 files in $OUT, no folder: device_check.txt (the summary: each step, its seconds and exit
 # status), install.log, versions.txt, nvidia-smi.txt, gpu_check.json, gpu_check.md, gpu_check.log and,
@@ -22,7 +23,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 START=$(date +%s)
-DRY_RUN="" INSTALL=1 BUNDLE="$ROOT/device_bundle" DEST=${OUT:-} TOTAL=480 DATA=""
+DRY_RUN="" INSTALL=1 BUNDLE="$ROOT/device_bundle" DEST=${OUT:-} TOTAL=480 DATA="" GPU_CHECK_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
@@ -33,7 +34,8 @@ while [ $# -gt 0 ]; do
     --seconds)
         [[ $# -ge 2 && "$2" =~ ^[0-9]+$ && "$2" -ge 60 ]] || { echo "error: --seconds ${2:-}: a whole number, 60 or more" >&2; exit 2; }
         TOTAL=$2; shift 2 ;;
-    *) echo "error: $1: unknown option (device_check.sh [--dry-run] [--no-install] [--bundle DIR] [--data DIR] [--out DIR] [--seconds N])" >&2
+    --) shift; GPU_CHECK_ARGS=("$@"); break ;;
+    *) echo "error: $1: unknown option (device_check.sh [--dry-run] [--no-install] [--bundle DIR] [--data DIR] [--out DIR] [--seconds N] [-- GPU_CHECK_OPTIONS])" >&2
        exit 2 ;;
     esac
 done
@@ -124,7 +126,8 @@ T0=$(date +%s)
 # gpu_check ends itself inside its budget (every check has a deadline); SIGINT 10 s after it, SIGKILL
 # 10 s later, whatever happens: its report is rewritten after every check, so even then one is left
 PYTHON="$PY" timeout -s INT -k 10 $((BUDGET + 10)) bash "$ROOT/scripts/gpu_check.sh" ${DRY_RUN:+--dry-run} \
-    ${DATA:+--data "$DATA"} --out "$WORK" --budget-seconds "$BUDGET" > "$DEST/gpu_check.log" 2>&1
+    ${DATA:+--data "$DATA"} --out "$WORK" --budget-seconds "$BUDGET" ${GPU_CHECK_ARGS[@]+"${GPU_CHECK_ARGS[@]}"} \
+    > "$DEST/gpu_check.log" 2>&1
 RC=$?
 note "gpu_check: exit $RC in $(( $(date +%s) - T0 )) s (budget $BUDGET s)"
 for f in gpu_check.json gpu_check.md; do

@@ -13,6 +13,9 @@ PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 fi
-# one thread per process on the CPU (the dry run): OpenMP spinning slows a shared machine down
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# the dry run: one thread per process (OpenMP spinning slows a shared machine down). Not on the GPU machine:
+# the export's numeric check runs on its CPU (one thread there: over 80 s of the H200's first run, 2026-11-27)
+for a in "$@"; do
+  if [ "$a" = --dry-run ]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
+done
 exec "$PY" -m seed_fairseq.workflows.gpucheck "$@"

@@ -5,6 +5,7 @@ rehearsal (tests/test_device_rehearsal.py)."""
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -52,17 +53,32 @@ def test_the_bundles_data_set_is_passed_to_gpu_check(tmp_path):
     for name, has_data in (("with", True), ("without", False)):
         out = tmp_path / name
         where = bundle if has_data else tmp_path / "no-bundle"
-        proc = device_check(out, tmp_path / "work", "--bundle", where, python=python, CALLS=str(calls))
+        extra = ["--", "--objectives", "simlm,cpdae"] if has_data else []
+        proc = device_check(out, tmp_path / "work", "--bundle", where, *extra, python=python, CALLS=str(calls))
         assert proc.returncode == 0, proc.stderr
         lines = calls.read_text().splitlines()
         gpu_check = [line for line in lines if "-m seed_fairseq.workflows.gpucheck" in line][-1]
         summary = (out / "device_check.txt").read_text()
         if has_data:
             assert f"--data {bundle}/data --out" in gpu_check, gpu_check
+            assert gpu_check.endswith("--objectives simlm,cpdae"), gpu_check  # after `--`: gpu_check's own
             assert f"data: {bundle}/data (32768 pieces; gpu_check --data checks it)" in summary, summary
         else:
             assert "--data" not in gpu_check, gpu_check
             assert "data: none in" in summary and "gpu_check builds the demo corpus" in summary, summary
+
+
+def test_one_thread_per_process_in_the_dry_run_only(tmp_path):
+    """The GPU machine's CPU runs the export's numeric check: all its cores there (one thread cost the H200's
+    first run over 80 s of its budget); the dry run on a shared CI machine keeps one."""
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho "threads=${OMP_NUM_THREADS:-all}"\n')
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for args, says in ((["--dry-run"], "threads=1"), (["--out", "x"], "threads=all")):
+        proc = subprocess.run(["bash", REPO / "scripts" / "gpu_check.sh", *args], env=dict(env, PYTHON=str(python)),
+                              capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+        assert proc.stdout.strip() == says, (args, proc.stdout, proc.stderr)
 
 
 @pytest.mark.slow

@@ -217,19 +217,38 @@ def test_the_search_predicate_answers_out_of_memory_with_false(monkeypatch):
         runs.fits("data", [], "cpu")(8)
 
 
-def test_an_overflowed_update_is_counted_not_a_nan_loss(monkeypatch):
+def test_an_overflowed_step_is_not_an_update_and_not_a_nan_loss(monkeypatch):
     from seed_fairseq.workflows.gpucheck import runs
 
     monkeypatch.setattr(runs, "Run", lambda data, args, device: FakeRun(data, args, device, overflow={2}))
     t = runs.train("data", [], "cpu", updates=6, batch=4)
-    assert t.losses == [9.0, 7.0, 6.0, 5.0, 4.0] and t.overflows == 1
-    assert t.loss_scales == [128.0, 64.0, 128.0, 128.0, 128.0, 128.0]
-    assert t.finite and t.falling
-    assert t.tokens == 50 and t.seconds == 2.5 and t.words_per_second == 20.0  # the first update is not timed
+    # fairseq skips an overflowed step (no weight changes, num_updates unchanged): 6 updates take 7 steps
+    assert t.updates == 6 and t.steps == 7 and t.overflows == 1
+    assert t.losses == [9.0, 7.0, 6.0, 5.0, 4.0, 3.0]
+    assert t.loss_scales == [128.0, 64.0, 128.0, 128.0, 128.0, 128.0, 128.0]
+    assert t.finite and t.falling and t.problems(6) == []
+    assert t.tokens == 60 and t.seconds == 3.0 and t.words_per_second == 20.0  # the first step is not timed
     assert t.flops_per_token == 100.0 and t.mfu(1e-12) == pytest.approx(100.0 * 20.0 / 1.0)
     # losses that do not fall, or a NaN, are what the check fails on
-    assert not runs.Training(4, 3, losses=[5.0, 5.0, 5.1]).falling
-    assert not runs.Training(4, 3, losses=[5.0, float("nan"), 4.0]).finite
+    assert runs.Training(4, 3, losses=[5.0, 5.0, 5.1]).problems(3) == ["loss not falling"]
+    assert runs.Training(4, 3, losses=[5.0, float("nan"), 4.0]).problems(3) == ["non-finite loss"]
+
+
+def test_fp16_settling_its_loss_scale_passes_a_scale_that_never_settles_fails(monkeypatch):
+    """The lent H200's first run (docs/gpu_runs/2026-11-27-h200): fairseq's masked_lm (its loss summed over
+    ~20k masked tokens) overflowed its first 2 steps at fp16's initial scale; 3 steps were counted as 3
+    updates, 1 applied, and the check failed as "loss not falling"."""
+    from seed_fairseq.workflows.gpucheck import runs
+
+    monkeypatch.setattr(runs, "Run", lambda data, args, device: FakeRun(data, args, device, overflow={1, 2}))
+    t = runs.train("data", [], "cpu", updates=3, batch=4)
+    assert (t.updates, t.steps, t.overflows, t.losses) == (3, 5, 2, [7.0, 6.0, 5.0])
+    assert t.problems(3) == []
+    every = set(range(1, 100))
+    monkeypatch.setattr(runs, "Run", lambda data, args, device: FakeRun(data, args, device, overflow=every))
+    t = runs.train("data", [], "cpu", updates=3, batch=4)
+    assert (t.updates, t.steps, t.overflows) == (0, 3 + runs.OVERFLOW_RETRIES, 3 + runs.OVERFLOW_RETRIES)
+    assert t.problems(3) == ["no loss", "only 0 of 3 updates applied in 11 steps (11 overflowed)"]
 
 
 def test_fairseq_overflow_notes_are_counted():

@@ -8,7 +8,7 @@ import torch
 
 from .representation import ExportError
 from .sentence import Representation
-from .texts import HFTexts, SpmTexts
+from .texts import HFTexts, SpmTexts, length_batches
 
 
 def verify_representation(
@@ -24,17 +24,19 @@ def verify_representation(
     from ...pretrain.models.bottleneck import pool
 
     st = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
-    batch = st.tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-    fs_ids = batch["input_ids"]
-    if texts_source.fairseq_to_hf is not None:
-        fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
-    with torch.no_grad():
-        features, _ = fairseq_model(fs_ids, features_only=True)
-        ours = pool(features, ~batch["attention_mask"].bool(), representation.pooling)
-        if representation.normalize:
-            ours = F.normalize(ours, p=2, dim=-1)
-        theirs = st.encode(list(texts), convert_to_tensor=True, batch_size=len(texts), show_progress_bar=False)
-    diff = (ours - theirs.to(ours.dtype)).abs().max().item()
+    diff = 0.0
+    for group in length_batches(st.tokenizer, texts, max_len):
+        batch = st.tokenizer(group, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+        fs_ids = batch["input_ids"]
+        if texts_source.fairseq_to_hf is not None:
+            fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
+        with torch.no_grad():
+            features, _ = fairseq_model(fs_ids, features_only=True)
+            ours = pool(features, ~batch["attention_mask"].bool(), representation.pooling)
+            if representation.normalize:
+                ours = F.normalize(ours, p=2, dim=-1)
+            theirs = st.encode(group, convert_to_tensor=True, batch_size=len(group), show_progress_bar=False)
+        diff = max(diff, (ours - theirs.to(ours.dtype)).abs().max().item())
     if not diff <= atol:
         raise ExportError(
             f"SentenceTransformer's vectors ({representation.describe()}) differ from fairseq's: max abs diff "
@@ -63,21 +65,22 @@ def verify(
         got = tokenizer(text, truncation=True, max_length=max_len)["input_ids"]
         if ref != got:
             raise ExportError(f"tokenizer ids differ from fairseq's for {text[:60]!r}: {got[:12]} vs {ref[:12]}")
-    batch = tokenizer(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-    fs_ids = batch["input_ids"]
-    if texts_source.fairseq_to_hf is not None:
-        fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
-    with torch.no_grad():
-        fs_features, _ = fairseq_model(fs_ids, features_only=True)
-        hf_out = hf_model(**batch, output_hidden_states=True)
-        hf_features = hf_out.hidden_states[-1]
-        diff = _max_abs_diff(fs_features, hf_features, batch["attention_mask"])
-        if with_lm_head:
-            fs_logits, _ = fairseq_model(fs_ids)
-            hf_logits = hf_out.logits
-            if texts_source.fairseq_to_hf is not None:
-                hf_logits = hf_logits[..., texts_source.fairseq_to_hf]
-            diff = max(diff, _max_abs_diff(fs_logits, hf_logits, batch["attention_mask"]))
+    diff = 0.0
+    for group in length_batches(tokenizer, texts, max_len):
+        batch = tokenizer(group, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+        fs_ids = batch["input_ids"]
+        if texts_source.fairseq_to_hf is not None:
+            fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
+        with torch.no_grad():
+            fs_features, _ = fairseq_model(fs_ids, features_only=True)
+            hf_out = hf_model(**batch, output_hidden_states=True)
+            diff = max(diff, _max_abs_diff(fs_features, hf_out.hidden_states[-1], batch["attention_mask"]))
+            if with_lm_head:
+                fs_logits, _ = fairseq_model(fs_ids)
+                hf_logits = hf_out.logits
+                if texts_source.fairseq_to_hf is not None:
+                    hf_logits = hf_logits[..., texts_source.fairseq_to_hf]
+                diff = max(diff, _max_abs_diff(fs_logits, hf_logits, batch["attention_mask"]))
     if not diff <= atol:
         raise ExportError(f"HF outputs differ from fairseq's: max abs diff {diff:.3g} > {atol:g}")
     return diff

@@ -294,7 +294,8 @@ class Training:
     """What N updates of one objective in one precision measured."""
 
     batch: int
-    updates: int
+    updates: int  # the updates fairseq applied (an fp16 step that overflowed is not one)
+    steps: int = 0  # every step taken, the overflowed ones included
     losses: List[float] = field(default_factory=list)
     gnorms: List[float] = field(default_factory=list)
     loss_scales: List[float] = field(default_factory=list)
@@ -316,6 +317,22 @@ class Training:
         third = max(1, len(self.losses) // 3)
         return self.finite and sum(self.losses[-third:]) / third < sum(self.losses[:third]) / third
 
+    def problems(self, planned: int) -> List[str]:
+        """Why this run fails the training check (none: it passes).  fp16's loss scaler starts high and
+        halves on each overflow until the gradients fit (fairseq's own masked_lm sums its loss over the
+        masked tokens: its first steps overflow at the initial 128), so overflows alone are no problem;
+        a scale that never settles is: the planned updates are then not applied."""
+        out = []
+        if not self.finite:
+            out.append("non-finite loss" if self.losses else "no loss")
+        elif not self.falling:
+            out.append("loss not falling")
+        if self.updates < planned and not self.stopped_early:  # stopped early: after the minimum ran
+            out.append(
+                f"only {self.updates} of {planned} updates applied in {self.steps} steps ({self.overflows} overflowed)"
+            )
+        return out
+
     @property
     def words_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
@@ -334,21 +351,25 @@ class Training:
 def train(
     data, args: List[str], device: str, updates: int, batch: int, until: Optional[float] = None, minimum: int = 3
 ) -> Training:
-    """``updates`` updates of one configuration (``args`` hold its --batch-size): the first counts the
-    FLOPs (not timed: it also warms the device up), the others are timed.  ``until``: a
-    ``time.monotonic()`` after which no update starts once ``minimum`` ran (the run's share of the
-    time budget; ``stopped_early`` then says so)."""
+    """``updates`` updates of one configuration (``args`` hold its --batch-size): the first step counts
+    the FLOPs (not timed: it also warms the device up), the others are timed.  An update is a step
+    fairseq applied: an fp16 step that overflowed changed no weight (fairseq skips it, halves the loss
+    scale and does not count it in ``num_updates``), so it is not one; up to :data:`OVERFLOW_RETRIES`
+    such steps are taken on top (``Training.steps`` holds all).  ``until``: a ``time.monotonic()``
+    after which no step starts once ``minimum`` updates ran (the run's share of the time budget;
+    ``stopped_early`` then says so)."""
     run = Run(data, args, device)
-    result = Training(batch=batch, updates=updates)
+    result = Training(batch=batch, updates=0)
     try:
         reset_peak_memory(device)
         run.cuda_peak = 0
-        for i in range(updates):
-            if until is not None and i >= minimum and time.monotonic() >= until:
-                result.stopped_early, result.updates = True, i
+        while result.updates < updates and result.steps < updates + OVERFLOW_RETRIES:
+            if until is not None and result.updates >= minimum and time.monotonic() >= until:
+                result.stopped_early = True
                 break
             sample = run.next_sample()
-            if i == 0:
+            overflows = run.overflows.count
+            if result.steps == 0:
                 values = run.counted_step(sample)
                 result.flops_per_token = values["flops"] / max(1.0, values["tokens"])
                 result.tokens_per_update = values["tokens"]
@@ -357,10 +378,12 @@ def train(
                 values = run.step(sample)
                 result.tokens += run.tokens - before
                 result.seconds += values["seconds"]
+            result.steps += 1
             if "loss_scale" in values:
                 result.loss_scales.append(values["loss_scale"])
-            if "loss" not in values and run.overflows.count:
+            if "loss" not in values and run.overflows.count > overflows:
                 continue  # an fp16 overflow: fairseq skipped the update and logged no loss
+            result.updates += 1
             result.losses.append(values.get("loss", float("nan")))
             result.gnorms.append(values.get("gnorm", float("nan")))
         result.peak_memory = max(run.cuda_peak, peak_memory(device) or 0) or None

@@ -188,6 +188,7 @@ class GpuCheck:
         values = {
             "batch": batch,
             "updates": t.updates,
+            "steps": t.steps,
             "updates_planned": updates,
             "stopped_early": t.stopped_early,
             "search": tried,
@@ -198,7 +199,7 @@ class GpuCheck:
             "loss_scale_changes": sum(1 for a, b in zip(t.loss_scales, t.loss_scales[1:]) if a != b),
             "peak_memory": t.peak_memory,
             "words_per_second": t.words_per_second,
-            "seconds_per_update": t.seconds / max(1, t.updates - 1),
+            "seconds_per_update": t.seconds / max(1, t.steps - 1),
             "flops_per_token": t.flops_per_token,
             "flops_per_update": t.flops_per_update,
             "tokens_per_update": t.tokens_per_update,
@@ -206,17 +207,13 @@ class GpuCheck:
             "peak_tflops": peak,
         }
         entry[precision] = values
-        problems = []
-        if not t.finite:
-            problems.append("non-finite loss")
-        elif not t.falling:
-            problems.append("loss not falling")
-        if t.overflows >= t.updates // 2:
-            problems.append(f"{t.overflows} of {t.updates} updates overflowed")
+        problems = t.problems(updates)
+        scales = f" (loss scale {t.loss_scales[0]:g} -> {t.loss_scales[-1]:g})" if t.overflows and t.loss_scales else ""
         mem = f"{t.peak_memory / 1e9:.2f} GB" if t.peak_memory else "-"
+        loss = f"loss {t.losses[0]:.3f} -> {t.losses[-1]:.3f}" if t.losses else "no loss"
         detail = (
-            f"batch {batch} x {self.p.tokens_per_sample}; loss {t.losses[0]:.3f} -> {t.losses[-1]:.3f}; "
-            f"{t.overflows} overflows; peak {mem}; {t.words_per_second:,.0f} words/s"
+            f"batch {batch} x {self.p.tokens_per_sample}; {loss}; "
+            f"{t.overflows} overflows{scales}; peak {mem}; {t.words_per_second:,.0f} words/s"
             + (f"; MFU {values['mfu']:.1%}" if values["mfu"] is not None else "")
             + f"; {t.updates} updates"
             + (" (its share of the time budget ended)" if t.stopped_early else "")
