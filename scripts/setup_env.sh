@@ -89,6 +89,8 @@ if [ -n "$WHEELHOUSE" ]; then
     [ -n "$DRY_RUN" ] || echo "fairseq: built and installed in $((SECONDS - BUILD_START)) s"
     # the plugin itself: nothing from the wheelhouse (no --find-links), no dependency
     run "$VPY" -m pip install -q --no-index --no-deps --no-build-isolation -c "$PIN" -e .
+    # scikit-learn imported where fairseq uses it, not at every fairseq-train start (~1 s of 3.6)
+    run "$VPY" -m seed_fairseq.pretrain.fairseq_patches.lazy_metrics
     run "$VPY" -c "import fairseq, torch, seed_fairseq; print('fairseq', fairseq.__version__, '| torch', torch.__version__, '| seed_fairseq', seed_fairseq.__version__)"
     exit 0
 fi
@@ -104,4 +106,6 @@ $PIP install -q --no-build-isolation -e ".[test]"
 # fairseq pulls torchaudio; its build here does not match torch and breaks
 # `import transformers`. Text training never uses it.
 $PIP uninstall -q -y torchaudio 2>/dev/null || true
+# scikit-learn imported where fairseq uses it, not at every fairseq-train start (~1 s of 3.6)
+"$VENV/bin/python" -m seed_fairseq.pretrain.fairseq_patches.lazy_metrics
 "$VENV/bin/python" -c "import fairseq, torch, seed_fairseq; print('fairseq', fairseq.__version__, '| torch', torch.__version__, '| seed_fairseq', seed_fairseq.__version__)"

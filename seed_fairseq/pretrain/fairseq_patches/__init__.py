@@ -22,6 +22,9 @@ inside its ``install`` function, so no module here needs the plugin first.
 11. ``quiet_warnings``: the known-harmless hydra/torch/autocast warnings of a CPU run
    filtered by message and category (no fairseq attribute: not in the table).
 
+Not applied at run time: ``lazy_metrics`` edits the installed fairseq once, at install
+(``scripts/setup_env.sh``), so that ``fairseq-train`` does not import scikit-learn at start.
+
 Every fairseq attribute replaced is one row of :data:`PATCHES`;
 ``tests/test_fairseq_patches.py`` checks that each target still exists in the
 installed fairseq (with what its replacement relies on) and that ``apply()``
