@@ -33,7 +33,7 @@ from seed_fairseq.workflows.compare import cli
 from seed_fairseq.workflows.compare.pipeline import Comparison
 from seed_fairseq.workflows.kit.heldout import count_blocks, first_batch_blocks
 from seed_fairseq.workflows.kit.interrupt import GRACE_SECONDS
-from seed_fairseq.workflows.kit.layout import StageError, claim_out
+from seed_fairseq.workflows.kit.layout import COMPARISON, StageError
 
 TINY_ENC = " ".join(TINY_ENCODER)
 TINY = [
@@ -258,7 +258,7 @@ def test_short_documents_get_enough_validation_blocks(tmp_path, caplog):
     plan = _plan(tmp_path, _short_doc_corpus(tmp_path / "short.txt", 400), "--valid-docs", "2")
     assert plan.valid_blocks == 16  # max(a batch of 8 blocks, --probe-size 16)
     plan = replace(plan, valid_docs=2)  # the planned guess too small: the data stage corrects it
-    claim_out(plan.out)
+    COMPARISON.claim(plan.out)
     result = Comparison(plan).runner().run(stop_after="data")["data"]
     blocks = count_blocks(plan.out / "data-bin", "valid", 48)
     assert result["valid_blocks"] == blocks >= 16 and result["valid_docs"] > 2, result
@@ -273,7 +273,7 @@ def test_data_stage_refuses_a_corpus_short_of_blocks(tmp_path):
     """Planning's bound lets it through (it cannot know the vocabulary); the built data
     cannot give 40 blocks from a quarter of 40 documents: one error, before any training."""
     plan = _plan(tmp_path, _short_doc_corpus(tmp_path / "short.txt", 40), "--probe-size", "40", "--valid-docs", "2")
-    claim_out(plan.out)
+    COMPARISON.claim(plan.out)
     with pytest.raises(StageError, match=r"too little text for the validation: 10 held-out documents give \d+ blocks"):
         Comparison(plan).runner().run(stop_after="data")
 

@@ -39,7 +39,7 @@ from ..kit.layout import write_retrieval_set
 from ..kit.objectives import ORDER, PretrainSettings, check_fairseq_args, parse_objective
 from . import plan as defaults
 from .pipeline import Adaptation
-from .plan import AdaptPlan, claim_out, default_heldout, heldout_split, lock_out
+from .plan import ADAPTATION, AdaptPlan, default_heldout, heldout_split
 from .report import METRICS
 
 VALID_DOCS = 4  # documents held out of the pre-training text for validation, at least (compare/heldout.py)
@@ -310,8 +310,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "examples/adapt.py") -> i
 
 def _run(plan: AdaptPlan) -> Path:
     # everything that can be refused was checked before --out is created or touched
-    claim_out(plan.out)
-    lock_out(plan.out)
+    ADAPTATION.claim(plan.out)
+    ADAPTATION.lock(plan.out)
     Adaptation(plan).run()
     return plan.out
 

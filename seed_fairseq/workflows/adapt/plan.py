@@ -1,35 +1,34 @@
 """What one adaptation does, resolved from the flags, and where it keeps everything.
 
-    OUT/adapt.json          the tool's record: the folder is its own
-    OUT/.stages/            the stage records (preprocess.stages.Runner)
-    OUT/import/             the model, imported (seed_fairseq.encoders.hf.import_)
-    OUT/corpus/             pretrain.txt and heldout.txt: the documents held out of pre-training
-                            for the derived retrieval set (without --retrieval-dev)
-    OUT/retrieval/          the retrieval set derived from heldout.txt (without --retrieval-dev)
-    OUT/data-bin/           the pre-training text encoded with the model's tokenizer (preprocess.build)
-    OUT/generator/          SimLM's generator, when the model has no MLM head of its own
-    OUT/pretrain/           fairseq-train's save-dir and train.log
-    OUT/model/              THE ADAPTED MODEL: the best checkpoint, exported to HuggingFace
-    OUT/roundtrip/          the import exported unchanged, compared with --model (the reference,
-                            evaluated as it is: compare/roundtrip.py)
-    OUT/bm25/  OUT/eval/<stage>/     the runs of every evaluated model
-    OUT/report.md  report.json  report.png
+OUT/adapt.json          the tool's record: the folder is its own
+OUT/.stages/            the stage records (preprocess.stages.Runner)
+OUT/import/             the model, imported (seed_fairseq.encoders.hf.import_)
+OUT/corpus/             pretrain.txt and heldout.txt: the documents held out of pre-training
+                        for the derived retrieval set (without --retrieval-dev)
+OUT/retrieval/          the retrieval set derived from heldout.txt (without --retrieval-dev)
+OUT/data-bin/           the pre-training text encoded with the model's tokenizer (preprocess.build)
+OUT/generator/          SimLM's generator, when the model has no MLM head of its own
+OUT/pretrain/           fairseq-train's save-dir and train.log
+OUT/model/              THE ADAPTED MODEL: the best checkpoint, exported to HuggingFace
+OUT/roundtrip/          the import exported unchanged, compared with --model (the reference,
+                        evaluated as it is: compare/roundtrip.py)
+OUT/bm25/  OUT/eval/<stage>/     the runs of every evaluated model
+OUT/report.md  report.json  report.png
 """
 
 import json
 import random
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...base.fileio import check_output_dir, lock_folder, write_json_atomic
 from ...encoders.retrieval.config import FinetuneConfig
+from ..kit.folder import ToolFolder, tool_log
 from ..kit.objectives import PretrainSettings
 
 TOOL = "seed_fairseq.adapt"
 RECORD = "adapt.json"
+ADAPTATION = ToolFolder(TOOL, RECORD, "the adaptation (examples/adapt.py)", "adaptation")
 STATE = ".stages"
 
 # ---------------------------------------------------------------------------
@@ -79,8 +78,7 @@ RUN_FILES = ("run.trec", "summary.json")
 REPORT_FILES = ("report.md", "report.json", "report.png")
 
 
-def log(msg: str) -> None:
-    print(f"[adapt {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = tool_log("adapt")
 
 
 @dataclass
@@ -182,33 +180,3 @@ def heldout_split(n_docs: int, heldout: int, seed: int = 1) -> Tuple[List[int], 
 
 def default_heldout(n_docs: int) -> int:
     return min(MAX_HELDOUT_DOCS, max(MIN_HELDOUT_DOCS, round(HELDOUT_SHARE * n_docs)))
-
-
-# ---------------------------------------------------------------------------
-# --out: the tool's own folder
-# ---------------------------------------------------------------------------
-
-
-def _is_own_record(path: Path, tool: str = TOOL) -> bool:
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(rec, dict) and rec.get("tool") == tool
-
-
-def claim_out(
-    out: Path, record: str = RECORD, tool: str = TOOL, owner: str = "the adaptation (examples/adapt.py)"
-) -> None:
-    """Make ``out`` this tool's folder (new or empty: create the record; with the record: an
-    earlier run, resumed) or refuse with :class:`OutputError` (``fileio.check_output_dir``).
-    ``record``, ``tool``, ``owner``: the study's (``study.py``) are its own."""
-    if check_output_dir(out, record, owner, is_own=lambda path: _is_own_record(path, tool)):
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / record, {"tool": tool, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
-
-
-def lock_out(out: Path, what: str = "adaptation") -> Optional[int]:
-    """One run per ``out``, held for the process's life (``fileio.lock_folder``)."""
-    return lock_folder(out, f"another {what} is running in this folder", lock_file=".lock")

@@ -30,14 +30,16 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from preprocess.stages import WHOLE_PLAN, Runner, Stage
 
+from ..kit.folder import ToolFolder
 from ..kit.layout import FAIRSEQ_TRAIN_FILES, OWN_RECORD, check_stage_folders
 from ..kit.objectives import OBJECTIVES, ORDER, check_fairseq_args, parse_objectives
 from . import plan as defaults
 from .pipeline import EVALUATION, FINETUNING, Adaptation, _timed
-from .plan import REPORT_FILES, RUN_FILES, STATE, AdaptPlan, claim_out, lock_out, log
+from .plan import REPORT_FILES, RUN_FILES, STATE, AdaptPlan, log
 
 TOOL = "seed_fairseq.adapt.study"
 RECORD = "adaptation_study.json"
+STUDY = ToolFolder(TOOL, RECORD, "the adaptation study (examples/adaptation_study.py)", "adaptation study")
 
 
 @dataclass(frozen=True)
@@ -261,8 +263,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "examples/adaptation_stud
 
 def _run(built: Tuple[AdaptPlan, List[str], List[str], List[int]]) -> Path:
     plan, objectives, arms, seeds = built
-    claim_out(plan.out, RECORD, TOOL, "the adaptation study (examples/adaptation_study.py)")
-    lock_out(plan.out, "adaptation study")
+    STUDY.claim(plan.out)
+    STUDY.lock(plan.out)
     study = Study(plan, objectives, arms, seeds)
     log(f"{len(study.cells)} cells: {len(objectives)} objectives x {len(arms)} arms x {len(seeds)} seeds")
     study.run()

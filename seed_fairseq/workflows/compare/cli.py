@@ -32,7 +32,7 @@ from ..kit.command import (
 )
 from ..kit.heldout import blocks_needed, plan_valid_docs
 from ..kit.interrupt import Interrupted, handle_interrupts
-from ..kit.layout import Plan, claim_out, lock_out
+from ..kit.layout import COMPARISON, Plan
 from ..kit.objectives import OBJECTIVES, ORDER, PretrainSettings, check_fairseq_args, parse_objectives
 from .pipeline import Comparison
 from .presets import PRESETS
@@ -239,8 +239,8 @@ def _main(argv: Optional[List[str]], prog: str) -> int:
         torch.set_flush_denormal(True)
     try:
         # everything that can be refused was checked before --out is created or touched
-        claim_out(plan.out)
-        lock_out(plan.out)
+        COMPARISON.claim(plan.out)
+        COMPARISON.lock(plan.out)
         result = Comparison(plan).run()
     except Exception as e:
         code = report_stage_error(e)

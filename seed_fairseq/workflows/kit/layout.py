@@ -8,21 +8,20 @@ evaluation, the report and the up-front checks share (none of them imports ``pip
 """
 
 import hashlib
-import json
 import random
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ...base.derived_set import derive_retrieval_set
-from ...base.fileio import OutputError, check_output_dir, lock_folder, sha256_file, write_json_atomic
+from ...base.fileio import OutputError, sha256_file
 from ...encoders.retrieval.config import FinetuneConfig
+from .folder import ToolFolder, tool_log
 from .objectives import PretrainSettings, eval_models
 
 TOOL = "seed_fairseq.compare"
 RECORD = "compare.json"  # the tool's record in --out: the folder is its own
+COMPARISON = ToolFolder(TOOL, RECORD, "the comparison (examples/compare_objectives.py)", "comparison")
 STATE = ".stages"
 
 # What each stage writes in its folder (Stage.writes): a redone stage deletes exactly
@@ -44,8 +43,7 @@ class StageError(Exception):
         super().__init__(f"{self.path}: {problem}")
 
 
-def log(msg: str) -> None:
-    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = tool_log("compare")
 
 
 @dataclass
@@ -88,29 +86,6 @@ class Plan:
 # ---------------------------------------------------------------------------
 # --out: the tool's own folder
 # ---------------------------------------------------------------------------
-
-
-def is_own_record(path: Path) -> bool:
-    try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(rec, dict) and rec.get("tool") == TOOL
-
-
-def claim_out(out: Path) -> None:
-    """Make ``out`` this tool's folder (new or empty: create the record; with the
-    record: an earlier run, resumed) or refuse with :class:`OutputError`."""
-    if check_output_dir(out, RECORD, "the comparison (examples/compare_objectives.py)", is_own=is_own_record):
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / RECORD, {"tool": TOOL, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
-
-
-def lock_out(out: Path) -> Optional[int]:
-    """An exclusive lock on ``out``, held for the process's life: two runs must not train into
-    the same folders (``fileio.lock_folder``, the lock every tool takes)."""
-    return lock_folder(out, "another comparison is running in this folder", lock_file=".lock")
 
 
 def check_stage_folders(out: Path, runner, owner: str) -> None:
