@@ -9,7 +9,6 @@ SGD step with learning rate 1 (the weight change IS the gradient) must leave the
 weights.  The one-process run's checkpoint is also the one exported.
 """
 
-import os
 import shlex
 import socket
 import sys
@@ -19,9 +18,9 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ...base.user_dir import USER_DIR
 from ..kit.argv import SGD_ONE_STEP, command, fairseq_bin
 from ..kit.interrupt import run_child
+from ..kit.tools import child_env
 
 
 class CheckFailed(Exception):
@@ -32,14 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def child_env() -> Dict[str, str]:
-    """The environment of the tools started: this checkout's package importable, offline, quiet."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    root = str(Path(USER_DIR).parent)
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
-    return env
 
 
 def train_program() -> str:

@@ -4,23 +4,25 @@ logged to a file (stopped with the driver: interrupt.py)."""
 import os
 import shlex
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .interrupt import run_child
 from .layout import StageError, log
 
 
-def child_env(threads: int) -> Dict[str, str]:
-    """The environment of the tools the stages start: ``threads`` CPU threads, quiet, offline,
-    and this checkout's plugin and preprocess package importable (fairseq-train's ``--user-dir``)."""
+def child_env(threads: Optional[int] = None) -> Dict[str, str]:
+    """The environment of the tools the stages start: ``threads`` CPU threads (None: as this process
+    has them), quiet, offline, and this checkout's plugin and preprocess package importable
+    (fairseq-train's ``--user-dir``)."""
     env = dict(
         os.environ,
-        OMP_NUM_THREADS=str(threads),
         PYTHONWARNINGS="ignore",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
