@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from objectives import TINY_ENCODER
+from objectives import BY_NAME, TINY_ENCODER
 
 # the tests' USER_DIR and command lines: the kit's builder, as the workflows build theirs
 from seed_fairseq.base.user_dir import USER_DIR, parse_argv  # noqa: F401
@@ -107,10 +107,9 @@ def tiny_run(max_update=20, tokens_per_sample=64, batch_size=8, seed=3):
 
 def train_cmd(data, save_dir, *extra, max_update=20, tokens_per_sample=64, batch_size=8, optim=ADAM):
     """SEED's tiny encoder for ``max_update`` updates (json log every update), then ``extra``."""
-    return fairseq_train(
-        data,
-        "--task", "seed_pretrain", "--criterion", "seed_pretrain", *TINY_MODEL_ARGS, *optim,
-        *tiny_run(max_update, tokens_per_sample, batch_size), "--log-format", "json", "--log-interval", "1",
-        *extra,
-        save_dir=save_dir,
+    seed = train_args(
+        BY_NAME["seed"].description, *optim, *tiny_run(max_update, tokens_per_sample, batch_size),
+        "--log-format", "json", "--log-interval", "1", *extra,
+        model=TINY_ENCODER, arch="seed_encoder_tiny", own=["--decoder-layers", "2"],
     )  # fmt: skip
+    return fairseq_train(data, *seed, save_dir=save_dir)

@@ -7,9 +7,11 @@ objective to the plugin adds nothing here, and the contract suite
 """
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+from seed_fairseq.base.objectives import ObjectiveDescription
 from seed_fairseq.pretrain.tasks.registry import registered_objectives
+from seed_fairseq.workflows.kit.argv import train_args
 
 
 # deliberately odd sizes: hidden 32, FFN 37, 2 heads
@@ -56,6 +58,8 @@ class Objective:
     # a module to import before a tool runs in a subprocess (fairseq-train, seed-drop-heads,
     # the export): an objective registered outside the plugin (tests/toy_objective.py)
     preload: str = ""
+    # what the registry says of it (the builder's input)
+    description: Optional[ObjectiveDescription] = None
 
     @classmethod
     def from_description(cls, d, **overrides) -> "Objective":
@@ -73,28 +77,25 @@ class Objective:
             needs=(("--generator-path", "simlm_generator"),) if d.needs_generator else (),
             in_batch_terms=d.in_batch_terms,
             title=d.title,
+            description=d,
         )
         fields.update(overrides)
         return cls(**fields)
 
-    def args(self, **fixtures) -> List[str]:
-        """The objective's fairseq-train arguments; ``fixtures`` gives the value of each of ``needs``."""
-        extra = []
+    def args(self, model: Sequence[str] = TINY_ENCODER, **fixtures) -> List[str]:
+        """The objective's fairseq-train arguments from the kit's builder (``kit/argv.train_args``) at the
+        test shape (``model``: the encoder's sizes); ``fixtures`` gives the value of each of ``needs``."""
+        given = {}
         for option, fixture in self.needs:
             if fixture not in fixtures:
                 raise KeyError(f"objective {self.name!r} needs the fixture {fixture!r} for {option}")
-            extra += [option, str(fixtures[fixture])]
-        return [
-            "--task",
-            self.task,
-            "--criterion",
-            self.criterion,
-            "--arch",
-            self.arch,
-            *TINY_ENCODER,
-            *self.model_args,
-            *extra,
-        ]
+            given[option] = str(fixtures[fixture])
+        unknown = set(given) - {"--generator-path"}
+        if unknown:
+            raise KeyError(f"objective {self.name!r}: the builder knows no {sorted(unknown)}")
+        return train_args(
+            self.description, model=model, arch=self.arch, own=self.model_args, generator=given.get("--generator-path")
+        )
 
 
 def _plugin_objectives() -> List[Objective]:

@@ -46,9 +46,8 @@ def continued(obj, start, path):
     from seed_fairseq.pretrain.checkpoint_files import save_atomic
 
     data, encoder_args, start_ckpt, _ = start
-    objective = ["--task", obj.task, "--criterion", obj.criterion, "--arch", obj.arch, *obj.model_args]
-    if obj.needs:  # SimLM's generator: read by training only, never by these tools
-        objective += ["--generator-path", str(start_ckpt or path)]
+    # SimLM's generator: read by training only, never by these tools
+    objective = obj.args(model=(), **{fixture: start_ckpt or path for _, fixture in obj.needs})
     ns = options.parse_args_and_arch(
         options.get_training_parser(),
         parse_argv(data, [*objective, *encoder_args, "--tokens-per-sample", "48", "--cpu"]),
