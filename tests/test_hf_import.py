@@ -81,8 +81,8 @@ def test_real_minilm_round_trip(tmp_path):
     imported = _round_trip(model, tmp_path)
     # its representation (mean pooling + Normalize) back: the shipped model's vectors and runs
     assert json.loads((imported / "seed_fairseq_import.json").read_text())["representation"] == {
-        "pooling": "mean", "normalize": True, "similarity": "cosine"}  # fmt: skip
-    loaded = same_model(model, tmp_path / "exported", small_retrieval_set(), max_seq_length=128)
+        "pooling": "mean", "normalize": True, "similarity": "cosine", "max_seq_length": 256}  # fmt: skip
+    loaded = same_model(model, tmp_path / "exported", small_retrieval_set())
     assert [type(m).__name__ for m in loaded] == ["Transformer", "Pooling", "Normalize"]
 
 
@@ -323,16 +323,18 @@ def small_retrieval_set():
     return RetrievalData(corpus, queries, {f"q{i}": {f"d{i * 5}": 1} for i in range(12)}, split="test")
 
 
-def same_model(given, written, data, max_seq_length=48):
-    """The two folders as the retrieval tools load them, texts cut at ``max_seq_length`` tokens (the
-    export's own limit is the model's positions, a sentence-transformers folder's may be lower):
-    equal vectors (1e-5) and scores (1e-5, relative 1e-6 for large dot products), the same ranking."""
+def same_model(given, written, data):
+    """The two folders as the retrieval tools load them, each cutting texts where it says
+    (sentence_bert_config.json's max_seq_length, carried by the import and written back by the
+    export): equal vectors (1e-5) on the set's texts and on one longer than that, equal scores (1e-5,
+    relative 1e-6 for large dot products), the same ranking."""
     from seed_fairseq.encoders.retrieval.evaluate import evaluate_model
     from seed_fairseq.encoders.retrieval.search import encode, load_model, similarity
 
-    a, b = (load_model(str(f), "cpu", max_seq_length) for f in (given, written))
-    assert similarity(a) == similarity(b)
-    texts = [*data.queries.values(), *data.corpus.values()]
+    a, b = (load_model(str(f), "cpu") for f in (given, written))
+    assert similarity(a) == similarity(b) and a.max_seq_length == b.max_seq_length
+    texts = [*data.queries.values(), *data.corpus.values(), " ".join(data.corpus.values())]
+    assert len(a.tokenizer(texts[-1])["input_ids"]) > a.max_seq_length  # the cut itself is compared
     diff = abs(encode(a, texts, show_progress=False) - encode(b, texts, show_progress=False)).max()
     assert diff <= 1e-5, diff
     runs = [evaluate_model(m, data, k=len(data.corpus), show_progress=False)[1] for m in (a, b)]
@@ -362,17 +364,18 @@ def test_a_sentence_model_is_imported_and_exported_with_its_representation(kind,
     imported = import_model(model, tmp_path / "imported")
     record = json.loads((imported / "seed_fairseq_import.json").read_text())
     assert record["representation"] == {"pooling": want_pooling, "normalize": want_similarity == "cosine",
-                                        "similarity": want_similarity}  # fmt: skip
+                                        "similarity": want_similarity, "max_seq_length": 48}  # fmt: skip
     assert record["representation_max_abs_diff"] <= 1e-5  # fairseq's pooled vectors = SentenceTransformer's
     options = ["--bottleneck-pooling", want_pooling, "--retrieval-similarity", want_similarity]
-    assert read_model_args(imported)[-4:] == options
+    assert read_model_args(imported)[-6:] == [*options, "--retrieval-max-length", "48"]
     task = task_config(peek_checkpoint(imported / "checkpoint.pt"))
     assert (task["bottleneck_pooling"], task["retrieval_similarity"]) == (want_pooling, want_similarity)
+    assert task["retrieval_max_length"] == 48  # sentence_bert_config.json's max_seq_length (the model has 64)
     # the encoder-only checkpoint (stock masked_lm's task config) keeps the representation for the export
     encoder = write_encoder_checkpoint(imported / "checkpoint.pt", tmp_path / "encoder.pt", data=imported)
     exported = export(encoder, imported, tmp_path / "exported")
     written = json.loads((exported / "seed_fairseq_export.json").read_text())
-    assert (written["pooling"], written["similarity"]) == (want_pooling, want_similarity)
+    assert (written["pooling"], written["similarity"], written["max_seq_length"]) == (want_pooling, want_similarity, 48)
     same_model(model, exported, small_retrieval_set())
 
 

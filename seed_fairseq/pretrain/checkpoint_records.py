@@ -90,8 +90,11 @@ def encoder_architecture(model_cfg: Any, path: PathLike = "the checkpoint") -> E
 
 
 # The task options that say which vector the model is scored and pre-trained on
-# (models/bottleneck.py: --bottleneck-pooling, --retrieval-similarity, --bottleneck-unnormalized)
-REPRESENTATION_OPTIONS = ("bottleneck_pooling", "retrieval_similarity", "bottleneck_unnormalized")
+# (models/bottleneck.py: --bottleneck-pooling, --retrieval-similarity, --bottleneck-unnormalized) and how
+# long a text its users encode (--retrieval-max-length: the export's sentence_bert_config.json)
+REPRESENTATION_OPTIONS = (
+    "bottleneck_pooling", "retrieval_similarity", "bottleneck_unnormalized", "retrieval_max_length"
+)  # fmt: skip
 
 
 def representation_options(state: dict) -> Dict[str, Any]:

@@ -208,9 +208,10 @@ def recorded_representation(state: dict, checkpoint: PathLike = "the checkpoint"
     a value the export cannot write as sentence-transformers modules."""
     from ...pretrain.models.bottleneck import pooling_options
 
-    pooling, similarity, _ = pooling_options(recorded_options(state))
+    options = recorded_options(state)
+    pooling, similarity, _ = pooling_options(options)
     try:
-        return from_options(pooling, similarity)
+        return from_options(pooling, similarity, options.get("retrieval_max_length", 0))
     except ValueError as e:
         raise ExportError(f"{checkpoint}: records {e}") from None
 
@@ -367,6 +368,7 @@ def export(
                     "pooling": sentence.pooling,
                     "normalize": sentence.normalize,
                     "similarity": sentence.similarity,
+                    "max_seq_length": sentence.seq_length(max_len),  # sentence_bert_config.json's
                     "max_abs_diff": diff,
                 },
             )
@@ -383,7 +385,7 @@ def save_sentence_transformer(folder: Path, max_len: int, representation: Repres
     from sentence_transformers import SentenceTransformer
 
     Transformer, Pooling, Normalize = st_modules()
-    word = Transformer(str(folder), max_seq_length=max_len)
+    word = Transformer(str(folder), max_seq_length=representation.seq_length(max_len))
     # sentence-transformers >= 5 renamed get_word_embedding_dimension (the old name warns)
     dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
     modules = [word, Pooling(dim(), pooling_mode=representation.st_pooling)]

@@ -24,6 +24,7 @@ def verify_representation(
     from ...pretrain.models.bottleneck import pool
 
     st = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    max_len = representation.seq_length(max_len)  # what the written sentence_bert_config.json keeps
     diff = 0.0
     for group in length_batches(st.tokenizer, texts, max_len):
         batch = st.tokenizer(group, truncation=True, max_length=max_len, padding=True, return_tensors="pt")

@@ -67,10 +67,17 @@ class Representation:
 
     pooling: str = "cls"
     similarity: str = "dot"
+    # the longest text in tokens (sentence_bert_config.json's max_seq_length: all-MiniLM-L6-v2 cuts at
+    # 256 of its 512 positions); 0: the model's positions
+    max_length: int = 0
 
     @property
     def normalize(self) -> bool:
         return self.similarity == "cosine"
+
+    def seq_length(self, positions: int) -> int:
+        """The tokens a text keeps: :attr:`max_length`, at most the model's ``positions``."""
+        return min(self.max_length, positions) if self.max_length > 0 else positions
 
     @property
     def st_pooling(self) -> str:
@@ -79,10 +86,12 @@ class Representation:
 
     def task_args(self) -> List[str]:
         """The fairseq-train options that make every objective pre-train and validate this vector."""
-        return ["--bottleneck-pooling", self.pooling, "--retrieval-similarity", self.similarity]
+        length = ["--retrieval-max-length", str(self.max_length)] if self.max_length > 0 else []
+        return ["--bottleneck-pooling", self.pooling, "--retrieval-similarity", self.similarity, *length]
 
     def record(self) -> Dict[str, Any]:
-        return {"pooling": self.pooling, "normalize": self.normalize, "similarity": self.similarity}
+        length = {"max_seq_length": self.max_length} if self.max_length > 0 else {}
+        return {"pooling": self.pooling, "normalize": self.normalize, "similarity": self.similarity, **length}
 
     def describe(self) -> str:
         """``mean pooling, normalised, cosine`` / ``[CLS] vector, dot product``."""
@@ -105,14 +114,16 @@ def st_modules() -> Tuple[type, type, type]:
     return Transformer, Pooling, Normalize
 
 
-def from_options(pooling: str, similarity: str) -> Representation:
-    """The representation of the task options ``--bottleneck-pooling`` / ``--retrieval-similarity``;
-    ValueError for a value the tools cannot write back."""
+def from_options(pooling: str, similarity: str, max_length: int = 0) -> Representation:
+    """The representation of the task options ``--bottleneck-pooling`` / ``--retrieval-similarity`` /
+    ``--retrieval-max-length``; ValueError for a value the tools cannot write back."""
     if pooling not in PLUGIN_TO_ST:
         raise ValueError(f"bottleneck_pooling {pooling!r} is not one of {', '.join(PLUGIN_TO_ST)}")
     if similarity not in SIMILARITIES:
         raise ValueError(f"retrieval_similarity {similarity!r} is not one of {', '.join(SIMILARITIES)}")
-    return Representation(pooling, similarity)
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+        raise ValueError(f"retrieval_max_length {max_length!r} is not a whole number >= 0")
+    return Representation(pooling, similarity, max_length)
 
 
 def _json(path: Path) -> Any:
@@ -233,7 +244,11 @@ def read_folder(folder) -> Representation:
             spec, f"the Transformer module is in {modules[0][1]!r}: import that folder's encoder (the import reads "
             "the encoder from the folder itself)",
         )  # fmt: skip
-    if _object(folder / TRANSFORMER_CONFIG).get("do_lower_case"):
+    transformer = _object(folder / TRANSFORMER_CONFIG)
+    max_length = transformer.get("max_seq_length") or 0
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+        raise HFFolderError(folder / TRANSFORMER_CONFIG, f"max_seq_length {max_length!r} is not a whole number")
+    if transformer.get("do_lower_case"):
         raise HFFolderError(
             folder / TRANSFORMER_CONFIG,
             "do_lower_case is true: sentence-transformers lower-cases every text before its tokenizer, and the "
@@ -255,4 +270,4 @@ def read_folder(folder) -> Representation:
             "every text, which pre-training and the retrieval tools do not",
         )
     similarity = declared_similarity(folder, normalizes=kinds[-1] == "Normalize")
-    return Representation(ST_TO_PLUGIN[modes[0]], similarity)
+    return Representation(ST_TO_PLUGIN[modes[0]], similarity, max_length)

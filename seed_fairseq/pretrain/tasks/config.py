@@ -120,6 +120,14 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "reads the L2-normalised vector, the one the model compares (see --bottleneck-unnormalized)"
         },
     )
+    retrieval_max_length: int = field(
+        default=0,
+        metadata={
+            "help": "the longest text, in tokens, the model's users encode (sentence-transformers' max_seq_length, "
+            "recorded by the import: all-MiniLM-L6-v2 cuts at 256 of its 512 positions); the export writes it "
+            "back. 0 (the default): the model's positions"
+        },
+    )
     bottleneck_unnormalized: bool = field(
         default=False,
         metadata={
