@@ -40,6 +40,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$DEST" ] || { echo "error: no --out DIR and no \$OUT (the device tool sets it)" >&2; exit 2; }
+# the install took 132 s on the lent H200 (fairseq's build 114 s) and once over 141 s; gpu_check needs 150 s
+MIN_WITH_INSTALL=420
+if [ -n "$INSTALL" ] && [ "$TOTAL" -lt "$MIN_WITH_INSTALL" ]; then
+    echo "error: --seconds $TOTAL: at least $MIN_WITH_INSTALL with the install (it took 132-141+ s on the lent H200, gpu_check needs 150 s); --no-install with a ready \$PYTHON for less" >&2
+    exit 2
+fi
 mkdir -p "$DEST" || { echo "error: $DEST: cannot be created" >&2; exit 2; }
 DEST=$(cd "$DEST" && pwd)
 if [ -n "$INSTALL" ]; then

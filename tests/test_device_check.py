@@ -37,6 +37,10 @@ def test_bad_options_are_one_error_line(tmp_path):
         assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run(["bash", SCRIPT, "--dry-run"], env={"OUT": ""}, cwd=REPO)
     assert proc.returncode == 2 and "no --out DIR and no $OUT" in proc.stderr
+    # the H200's second call (docs/gpu_runs/2026-11-27-h200-second): 300 s could not hold the install
+    proc = run(["bash", SCRIPT, "--seconds", "300", "--out", tmp_path / "short"], cwd=REPO)
+    assert proc.returncode == 2 and "--seconds 300: at least 420 with the install" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "short").exists()
 
 
 def test_the_bundles_data_set_is_passed_to_gpu_check(tmp_path):
