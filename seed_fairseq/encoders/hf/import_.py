@@ -243,27 +243,11 @@ def build_fairseq(
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    import seed_fairseq
+    from ...base.user_dir import parse_argv
 
-    parser = options.get_training_parser()
-    ns = options.parse_args_and_arch(
-        parser,
-        [
-            str(data_dir),
-            "--user-dir",
-            str(Path(seed_fairseq.__file__).parent),
-            "--task",
-            "seed_pretrain",
-            "--criterion",
-            "seed_pretrain",
-            "--arch",
-            "seed_encoder_mlm_only",
-            *args,
-            "--tokens-per-sample",
-            str(tokens_per_sample),
-            "--cpu",
-        ],
-    )
+    mlm_only = ["--task", "seed_pretrain", "--criterion", "seed_pretrain", "--arch", "seed_encoder_mlm_only"]
+    argv = parse_argv(data_dir, [*mlm_only, *args, "--tokens-per-sample", str(tokens_per_sample), "--cpu"])
+    ns = options.parse_args_and_arch(options.get_training_parser(), argv)
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)
     return cfg, task, task.build_model(cfg.model)
