@@ -35,6 +35,8 @@ import torch
 from helpers import REPO, SGD_ONE_STEP, check, cli, fairseq_train, parse_argv, tiny_run
 from objectives import OBJECTIVES
 
+from seed_fairseq.pretrain.checkpoint import load_torch_file
+
 IDS = [o.name for o in OBJECTIVES]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -277,7 +279,7 @@ def _one_update(obj, data, save_dir, *extra, launcher=(), fixtures=None):
     proc = run_tool(obj, cmd, launcher)  # torchrun starts the script itself
     (record,) = records(proc)
     last = save_dir / "checkpoint_last.pt"
-    state = torch.load(last, map_location="cpu", weights_only=False)  # trusted: this test wrote it
+    state = load_torch_file(last)  # the allowlisted loader every tool uses
     return record, state["model"]
 
 
