@@ -11,6 +11,13 @@ from .sentence import Representation
 from .texts import HFTexts, SpmTexts, length_batches
 
 
+def _fairseq_ids(batch, texts_source: Union[SpmTexts, HFTexts]) -> torch.Tensor:
+    """The tokenizer's ids of ``batch`` in the fairseq dictionary's order."""
+    if texts_source.fairseq_to_hf is None:
+        return batch["input_ids"]
+    return torch.as_tensor(texts_source.hf_to_fairseq)[batch["input_ids"]]
+
+
 def verify_representation(
     fairseq_model, folder: Path, texts_source: Union[SpmTexts, HFTexts], texts: List[str], max_len: int,
     representation: Representation, atol: float,
@@ -28,9 +35,7 @@ def verify_representation(
     diff = 0.0
     for group in length_batches(st.tokenizer, texts, max_len):
         batch = st.tokenizer(group, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-        fs_ids = batch["input_ids"]
-        if texts_source.fairseq_to_hf is not None:
-            fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
+        fs_ids = _fairseq_ids(batch, texts_source)
         with torch.no_grad():
             features, _ = fairseq_model(fs_ids, features_only=True)
             ours = pool(features, ~batch["attention_mask"].bool(), representation.pooling)
@@ -69,9 +74,7 @@ def verify(
     diff = 0.0
     for group in length_batches(tokenizer, texts, max_len):
         batch = tokenizer(group, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
-        fs_ids = batch["input_ids"]
-        if texts_source.fairseq_to_hf is not None:
-            fs_ids = torch.as_tensor(texts_source.hf_to_fairseq)[fs_ids]
+        fs_ids = _fairseq_ids(batch, texts_source)
         with torch.no_grad():
             fs_features, _ = fairseq_model(fs_ids, features_only=True)
             hf_out = hf_model(**batch, output_hidden_states=True)
