@@ -25,6 +25,7 @@ from seed_fairseq.encoders.dupmae.head import (
     cls_projection_from_vectors,
     load_head,
 )
+from seed_fairseq.pretrain.checkpoint import load_torch_file
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 SPECIAL = [0, 1, 2, 3, 40]  # <s> <pad> </s> <unk> ... <mask>
@@ -319,7 +320,7 @@ def test_bad_export_requests_name_the_option_or_file(dupmae_checkpoint, demo_dat
     for extra, message in cases:
         proc = export(dupmae_checkpoint, demo_data_bin, tmp_path / "out", *extra)
         assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
-    state = torch.load(dupmae_checkpoint, weights_only=False)
+    state = load_torch_file(dupmae_checkpoint)
     state["model"] = {k: v for k, v in state["model"].items() if not k.startswith("encoder.lm_head.")}
     stripped = tmp_path / "no_head.pt"
     torch.save(state, stripped)

@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers import DEMO_CORPUS, build_data_bin, check, cli, run, train_cmd
 
+from seed_fairseq.pretrain.checkpoint import load_torch_file
+
 pytestmark = pytest.mark.slow
 
 SAVE_EVERY = ["--save-interval-updates", "4", "--tokens-per-sample", "64"]
@@ -75,7 +77,7 @@ def test_restore_onto_a_same_size_foreign_dictionary_is_refused(two_vocabularies
 def test_checkpoint_of_the_old_format_is_checked_through_its_data_folder(two_vocabularies, trained_on_a, tmp_path):
     """Checkpoints written before the identity was recorded name their data folder."""
     _, b = two_vocabularies
-    state = torch.load(trained_on_a, weights_only=False)
+    state = load_torch_file(trained_on_a)
     state["task_state"] = {}
     old = tmp_path / "old.pt"
     torch.save(state, old)

@@ -15,6 +15,8 @@ import torch
 from helpers import load_driver
 from hf_models import save_bert, save_roberta
 
+from seed_fairseq.pretrain.checkpoint import load_torch_file
+
 import_cli = load_driver("examples/import_from_hf.py")
 export_cli = load_driver("examples/export_to_hf.py")
 
@@ -80,7 +82,7 @@ def test_fp16_model_imports_in_fp32(roberta, tmp_path):
     record = json.loads((out / "seed_fairseq_import.json").read_text())
     assert record["source_dtype"] == "float16"
     assert record["max_abs_diff"] <= 1e-5
-    state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state = load_torch_file(out / "checkpoint.pt")
     assert state["extra_state"]["seed_fairseq"]["source_dtype"] == "float16"
     floats = {v.dtype for v in state["model"].values() if v.is_floating_point()}
     assert floats == {torch.float32}  # the checkpoint holds fp32 weights

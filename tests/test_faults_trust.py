@@ -60,7 +60,7 @@ class Payload:
 
 def poisoned(tmp_path, name="poisoned.pt"):
     """The 0.1 fixture with a payload in its extra state: (file, marker)."""
-    state = torch.load(CKPT, map_location="cpu", weights_only=False)  # a file of this repository
+    state = load_torch_file(CKPT)  # a file of this repository
     marker = tmp_path / f"{name}.MARKER"
     state["extra_state"]["payload"] = Payload(marker)
     torch.save(state, tmp_path / name)

@@ -11,6 +11,8 @@ import torch
 from helpers import DEMO_CORPUS, REPO, check, fairseq_train, load_driver, parse_argv, run
 from hf_models import ODD_STRINGS, SAVERS, minilm_dir, save_sentence_model
 
+from seed_fairseq.pretrain.checkpoint import load_torch_file
+
 IMPORT = REPO / "examples" / "import_from_hf.py"
 EXPORT = REPO / "examples" / "export_to_hf.py"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -67,7 +69,7 @@ def test_import_then_export_gives_back_the_model(family, tiny, tmp_path):
     vocab = json.loads((imported / "hf_tokenizer.json").read_text())
     assert vocab["identity_ids"] is (family != "bert")
     assert record["mlm_head"] == ("fresh" if family == "xlmr" else "imported")
-    ckpt = torch.load(imported / "checkpoint.pt", weights_only=False)
+    ckpt = load_torch_file(imported / "checkpoint.pt")
     from seed_fairseq.base.vocabulary.dictionary import dictionary_sha256
 
     assert ckpt["task_state"]["dictionary_sha256"] == dictionary_sha256(imported / "dict.txt")

@@ -14,7 +14,7 @@ import torch
 from helpers import check, fairseq_train, parse_argv, run
 from objectives import TINY_ENCODER
 
-from seed_fairseq.pretrain.checkpoint import CheckpointError
+from seed_fairseq.pretrain.checkpoint import CheckpointError, load_torch_file
 from seed_fairseq.pretrain.data.replaced_lm_dataset import ReplacedLMNoiseDataset
 from seed_fairseq.pretrain.generator import FrozenGenerator, inverse_cdf_sample, uniform_from_noise
 
@@ -394,7 +394,7 @@ def test_generator_is_frozen_outside_optimizer_and_checkpoint(contract_data, sim
     task, model, criterion, cfg = build(contract_data, simlm_generator, *SGD, "--batch-size", "4")
     trainer = Trainer(cfg, task, model, criterion)
     gen = task.generator.model
-    on_file = torch.load(simlm_generator, map_location="cpu", weights_only=False)["model"]
+    on_file = load_torch_file(simlm_generator)["model"]
     assert gen.state_dict().keys() == on_file.keys()
     task.load_dataset("train")
     itr = task.get_batch_iterator(task.dataset("train"), max_sentences=4, seed=1).next_epoch_itr(shuffle=False)
@@ -415,7 +415,7 @@ def test_generator_is_frozen_outside_optimizer_and_checkpoint(contract_data, sim
 
     trainer.consolidate_optimizer()  # what fairseq's save_checkpoint does first
     trainer.save_checkpoint(str(tmp_path / "ckpt.pt"), {})
-    saved = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=False)
+    saved = load_torch_file(tmp_path / "ckpt.pt")
     assert saved["model"].keys() == model.state_dict().keys()
     assert all(k.startswith(("encoder.", "simlm_decoder.")) for k in saved["model"])
     assert saved.get("criterion") is None
@@ -462,7 +462,7 @@ def _write(path, data):
 
 
 def _edited_generator(source, out, edit):
-    state = torch.load(source, map_location="cpu", weights_only=False)
+    state = load_torch_file(source)
     edit(state)
     torch.save(state, out)
     return out
@@ -563,7 +563,7 @@ def test_simlm_trains_and_validates_with_a_generator_made_by_this_project(contra
         # ~30% / ~50% of the positions are replaced, and the 3-update generator rarely guesses the original
         assert 20 < float(r["enc_replaced"]) < float(r["dec_replaced"]) < 60
     assert 0 < float(valid[-1]["valid_enc_loss"]) < 12
-    saved = torch.load(tmp_path / "simlm" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    saved = load_torch_file(tmp_path / "simlm" / "checkpoint_last.pt")
     assert all(k.startswith(("encoder.", "simlm_decoder.")) for k in saved["model"])
 
 
