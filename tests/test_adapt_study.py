@@ -15,9 +15,10 @@ from helpers import DEMO_CORPUS, REPO, check
 from hf_models import save_sentence_model
 
 from seed_fairseq.base.retrieval_data import load_data
-from seed_fairseq.encoders.retrieval.metrics import evaluate, read_trec_run
+from seed_fairseq.encoders.retrieval.metrics import evaluate, per_query, read_trec_run
 from seed_fairseq.workflows.adapt import study
 from seed_fairseq.workflows.adapt.study_report import summary, table
+from seed_fairseq.workflows.kit.stats import document_p
 
 STUDY = REPO / "examples" / "adaptation_study.py"
 TINY = ["--objectives", "seed,simlm", "--arms", "none,safeguarded", "--seeds", "1,2", "--updates", "4",
@@ -87,6 +88,12 @@ def test_the_report_holds_the_runs_own_numbers(run):
                                                           for a in ("none", "safeguarded")}  # fmt: skip
         compared = [r for k, r in data[column].items() if k != "original" or column != "zeroshot"]
         assert all(0 < r["p"]["nDCG@10"] <= 1 for r in compared)
+        assert all(0 < r["p_documents"]["nDCG@10"] <= 1 for r in compared)  # a derived set: over documents too
+    # the test over documents is kit.stats.document_p of the runs' seed-averaged scores
+    values = [per_query(qrels, read_trec_run(p), ["nDCG@10"])["nDCG@10"]
+              for p in [out / f"cells/seed-safeguarded-s{s}/eval/finetune/run.trec" for s in (1, 2)]
+              + [out / f"eval/finetune-original-s{s}/run.trec" for s in (1, 2)]]  # fmt: skip
+    assert row["p_documents"]["nDCG@10"] == document_p(values[:2], values[2:], data["evaluation"]["resamples"])
     md = (out / "report.md").read_text()
     assert md.startswith("# Adaptation study") and "| **no continued pre-training** |" in md
     # the reference is --model itself; its import's round trip is exact, else the first sentence says so

@@ -17,9 +17,10 @@ import pytest
 from helpers import DEMO_CORPUS, REPO, check, load_driver
 from objectives import TINY_ENCODER
 
+from seed_fairseq.base.derived_set import query_document
 from seed_fairseq.workflows.compare import cli
 from seed_fairseq.workflows.kit.objectives import OBJECTIVES, ORDER, PretrainSettings, objective_args, parse_objectives
-from seed_fairseq.workflows.kit.stats import aggregate_seeds, mean_std, paired_p, seed_mean_per_query
+from seed_fairseq.workflows.kit.stats import aggregate_seeds, document_p, mean_std, paired_p, seed_mean_per_query
 
 TINY_ENC = " ".join(TINY_ENCODER)
 
@@ -70,6 +71,31 @@ def test_paired_test_averages_seeds_first():
     assert paired_p(c, b) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="different queries"):
         paired_p(a, [{"q1": 0.0, "q2": 0.0}, {"q1": 0.0, "q2": 0.0}])
+
+
+def test_document_test_takes_whole_documents():
+    """Five queries that all favour A, four of them from one document: over the queries only the
+    all-plus and all-minus of 2^5 sign patterns reach |sum| = 5 (p = 2/32); over the documents
+    (sums 4 and 1) 2 of the 4 patterns do (p = 1/2): two documents are not five pieces of evidence."""
+    a = [{"q0p0": 1.0, "q0p1": 1.0, "q0p2": 1.0, "q0p3": 1.0, "q7p0": 1.0}]
+    b = [{q: 0.0 for q in a[0]}]
+    assert paired_p(a, b) == pytest.approx(2 / 32)
+    assert document_p(a, b) == pytest.approx(0.5)
+    # seeds are averaged first, as in paired_p: q7p0's seeds cancel, the documents' sums are (4, 0),
+    # and every pattern reaches |4|: one document's evidence alone gives p = 1
+    a2 = [a[0], {**a[0], "q7p0": -1.0}]
+    assert document_p(a2, b) == pytest.approx(1.0)
+    assert paired_p(a2, b) == pytest.approx(4 / 32)
+    assert document_p(a, a) == pytest.approx(1.0)
+    assert document_p([{"q0p0": 1.0, "q0p1": 0.0}], [{"q0p0": 0.0, "q0p1": 0.0}]) is None  # one document
+    assert document_p([{"q1": 1.0, "q2": 0.0}], [{"q1": 0.0, "q2": 0.0}]) is None  # not a derived set
+    with pytest.raises(ValueError, match="different queries"):
+        document_p(a, [{"q0p0": 0.0}])
+
+
+def test_query_document_reads_the_derived_ids():
+    assert query_document("q12p3") == "d12"
+    assert [query_document(q) for q in ("q12", "q12p3x", "xq1p2", "d1p2", "")] == [None] * 5
 
 
 # ---------------------------------------------------------------------------

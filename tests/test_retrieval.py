@@ -280,7 +280,30 @@ def test_derived_retrieval_set(tmp_path):
         for q in d.query_ids():
             (pos,) = d.positives(q)
             assert d.queries[q] not in d.corpus[pos] and len(d.queries[q]) > 10
+            assert pos.startswith(derived_set.query_document(q) + "p")  # the document the query came from
     assert sum(stats.queries.values()) > 250
+
+
+@pytest.mark.parametrize("derived", [True, False])
+def test_metrics_tests_over_documents_on_a_derived_set(tmp_path, derived):
+    """Five queries, four from one document, each ranked better by A (its passage first) than by B
+    (second): over the queries p = 2/32, over the documents 2 of 4 sign patterns, p = 1/2.  A set
+    whose ids do not name their document (not derived) gets no test over documents."""
+    qids = ["q0p0", "q0p1", "q0p2", "q0p3", "q7p0"]
+    name = {q: q if derived else f"query{i}" for i, q in enumerate(qids)}
+    corpus = {"x": "distractor", **{"d" + q[1:]: f"passage {q}" for q in qids}}
+    write_beir(tmp_path / "ds", corpus, {name[q]: f"query {q}" for q in qids},
+               {"test": {name[q]: {"d" + q[1:]: 1} for q in qids}})  # fmt: skip
+    a, b = tmp_path / "a.trec", tmp_path / "b.trec"
+    write_trec_run({name[q]: {"d" + q[1:]: 2.0, "x": 1.0} for q in qids}, a, tag="a")
+    write_trec_run({name[q]: {"d" + q[1:]: 1.0, "x": 2.0} for q in qids}, b, tag="b")
+    out = last_json(run_cli("metrics.py", "--data", tmp_path / "ds", "--run", a, "--baseline", b))
+    assert out["p_value"]["nDCG@10"] == pytest.approx(2 / 32)
+    if derived:
+        assert out["p_value_documents"]["nDCG@10"] == pytest.approx(0.5)
+        assert out["p_value_documents"]["MRR@10"] == pytest.approx(0.5)
+    else:
+        assert "p_value_documents" not in out
 
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,10 @@
     python examples/retrieval/metrics.py --data DIR --split test --run A.trec [--baseline B.trec]
 
 prints the metrics of A (and B, and the two-sided p-value of A vs B per
-metric) as one JSON object on its last line.
+metric) as one JSON object on its last line.  On a retrieval set this project
+derived from held-out documents (``derive_retrieval_set``: a query id names its
+document), the same test over documents too (``p_value_documents``): its queries
+come many to a document and are not independent.
 """
 
 import argparse
@@ -14,7 +17,15 @@ from typing import List, Optional
 
 from seed_fairseq.base.retrieval_data import DataFormatError, load_data
 from seed_fairseq.encoders.retrieval.cli import positive_int, report, seed_int
-from seed_fairseq.encoders.retrieval.metrics import check_run_covers, compare, evaluate, read_trec_run
+from seed_fairseq.encoders.retrieval.metrics import (
+    MEASURES,
+    check_run_covers,
+    compare,
+    evaluate,
+    per_query,
+    read_trec_run,
+)
+from seed_fairseq.workflows.kit.stats import document_p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -36,6 +47,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_run_covers(base, data.qrels, args.baseline)
             out["baseline"] = evaluate(data.qrels, base)
             out["p_value"] = compare(data.qrels, run, base, n_resamples=args.resamples, seed=args.seed)
+            va, vb = per_query(data.qrels, run), per_query(data.qrels, base)
+            by_doc = {n: document_p([va[n]], [vb[n]], args.resamples, args.seed) for n in MEASURES}
+            if None not in by_doc.values():
+                out["p_value_documents"] = by_doc
     except DataFormatError as e:
         return report(e)
     print(json.dumps(out))

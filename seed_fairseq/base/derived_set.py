@@ -4,6 +4,7 @@ sentence a query) and written in BEIR's layout; the readers are ``retrieval_data
 import json
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -62,8 +63,6 @@ def subsample(ids: Sequence[str], fraction: float, seed: int) -> List[str]:
 
 
 def split_sentences(paragraph: str) -> List[str]:
-    import re
-
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", paragraph.strip()) if s.strip()]
 
 
@@ -72,6 +71,16 @@ class DerivedSetStats:
     documents: int = 0
     passages: int = 0
     queries: Dict[str, int] = field(default_factory=dict)
+
+
+QUERY_ID = re.compile(r"q(\d+)p(\d+)")
+
+
+def query_document(qid: str) -> Optional[str]:
+    """The document a derived query was taken from (``"q12p3"`` -> ``"d12"``, the prefix its
+    passages' ids share), or None for an id ``derive_retrieval_set`` did not write."""
+    m = QUERY_ID.fullmatch(qid)
+    return f"d{m.group(1)}" if m else None
 
 
 def derive_retrieval_set(
@@ -107,7 +116,7 @@ def derive_retrieval_set(
             sents = split_sentences(para)
             if len(sents) >= min_sentences:
                 k = rng.randrange(len(sents))
-                qid = f"q{d}p{p}"
+                qid = f"q{d}p{p}"  # query_document() reads it back
                 queries[qid] = sents[k]
                 qrels[split_of[d]][qid] = {pid: 1}
                 sents = sents[:k] + sents[k + 1 :]

@@ -5,7 +5,9 @@ queries of the derived set's test split.  A row's value is the mean over its see
 (with the seeds' spread); its p-value is the two-sided paired permutation test over the
 queries of the seed-averaged per-query scores (``compare.stats.paired_p``) against the
 reference: the original model zero-shot for the zero-shot column, the original model
-fine-tuned identically (with the same seeds) for the fine-tuned column.
+fine-tuned identically (with the same seeds) for the fine-tuned column.  On a derived set, whose
+queries come many to a held-out document, the same test over the documents too
+(``p_documents``, ``kit.stats.document_p``).
 """
 
 import platform
@@ -18,7 +20,7 @@ from ...base.retrieval_data import load_data
 from ...encoders.retrieval.metrics import aggregate, per_query, read_trec_run
 from ..kit.objectives import OBJECTIVES
 from ..kit.roundtrip import first_sentence, statement
-from ..kit.stats import fmt_p, mean_std, paired_p
+from ..kit.stats import document_p, fmt_p, mean_std, paired_p
 from .plan import REPORT_FILES
 from .report import METRICS, save_png
 
@@ -46,9 +48,9 @@ def collect(study, results: Dict[str, Any]) -> Dict[str, Any]:
         if reference is not None:
             ref_mean = {m: mean_std([aggregate(v)[m] for v in ref])["mean"] for m in METRICS}
             entry["delta"] = {m: entry["metrics"][m]["mean"] - ref_mean[m] for m in METRICS}
-            entry["p"] = {m: paired_p([{q: v[m][q] for q in v[m]} for v in per_seed],
-                                      [{q: v[m][q] for q in v[m]} for v in ref], p.resamples)
-                          for m in METRICS}  # fmt: skip
+            runs = {m: ([v[m] for v in per_seed], [v[m] for v in ref]) for m in METRICS}
+            entry["p"] = {m: paired_p(*runs[m], p.resamples) for m in METRICS}
+            entry["p_documents"] = {m: document_p(*runs[m], p.resamples) for m in METRICS}
         return entry
 
     bm25 = _values(study, qrels, study.out / "bm25" / "test.trec")
@@ -109,26 +111,35 @@ def _mean(x: Dict[str, Any]) -> str:
     return f"{x['mean']:.3f}" + (f" ± {x['std']:.3f}" if x["n"] > 1 else "")
 
 
+def _p_docs(entry: Dict[str, Any], metric: str) -> str:
+    """The test over documents ("-" where there is none: a set not derived, a report written before it)."""
+    return fmt_p(entry.get("p_documents", {}).get(metric))
+
+
 def table(data: Dict[str, Any]) -> List[str]:
     """The study's table: one row per objective and arm, zero-shot and fine-tuned nDCG@10 side by side."""
     m = "nDCG@10"
     lines = [
-        f"| objective | arm | zero-shot {m} | Δ | p | fine-tuned {m} | Δ | p | verdict after fine-tuning |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| objective | arm | zero-shot {m} | Δ | p | p (documents) | fine-tuned {m} | Δ | p | p (documents) "
+        "| verdict after fine-tuning |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     zs, ft = data["zeroshot"], data["finetuned"]
     o, o_ft = zs["original"], ft["original"]
-    lines.append(f"| **no continued pre-training** | - | {_mean(o['metrics'][m])} | | | {_mean(o_ft['metrics'][m])} "
-                 f"| {o_ft['delta'][m]:+.3f} | {fmt_p(o_ft['p'][m])} | (the reference) |")  # fmt: skip
+    lines.append(f"| **no continued pre-training** | - | {_mean(o['metrics'][m])} | | | | "
+                 f"{_mean(o_ft['metrics'][m])} | {o_ft['delta'][m]:+.3f} | {fmt_p(o_ft['p'][m])} | "
+                 f"{_p_docs(o_ft, m)} | (the reference) |")  # fmt: skip
     b = zs["bm25"]
-    lines.append(f"| BM25 | - | {_mean(b['metrics'][m])} | {b['delta'][m]:+.3f} | {fmt_p(b['p'][m])} | | | | |")
+    lines.append(f"| BM25 | - | {_mean(b['metrics'][m])} | {b['delta'][m]:+.3f} | {fmt_p(b['p'][m])} | "
+                 f"{_p_docs(b, m)} | | | | | |")  # fmt: skip
     for key, z in zs.items():
         if "arm" not in z:
             continue
         f = ft[key]
         lines.append(
             f"| {z['label']} | {z['arm']} | {_mean(z['metrics'][m])} | {z['delta'][m]:+.3f} | {fmt_p(z['p'][m])} | "
-            f"{_mean(f['metrics'][m])} | {f['delta'][m]:+.3f} | {fmt_p(f['p'][m])} | {_verdict(f)} |"
+            f"{_p_docs(z, m)} | {_mean(f['metrics'][m])} | {f['delta'][m]:+.3f} | {fmt_p(f['p'][m])} | "
+            f"{_p_docs(f, m)} | {_verdict(f)} |"
         )
     return lines
 
@@ -175,7 +186,9 @@ def markdown(data: Dict[str, Any]) -> str:
         f"nDCG@10: mean ± standard deviation over the seeds {data['seeds']}; Δ and p against the model with no "
         "continued pre-training (zero-shot: the original; fine-tuned: the original fine-tuned identically with the "
         "same seeds); p: two-sided paired permutation test over the queries of the seed-averaged scores "
-        f"({ev['resamples']} resamples).\n",
+        f"({ev['resamples']} resamples); p (documents): the same test with whole held-out documents as its unit "
+        "(their queries' summed scores keep or flip their sign together), since a derived set's queries come many "
+        "to a document and are not independent. The verdicts use p over the queries.\n",
         f"* Evaluation: the `{ev['split']}` split, {ev['queries']} judged queries over {ev['passages']} passages, "
         f"derived from {ev['heldout_documents']} of the corpus's {ev['documents']} documents held out of "
         "pre-training (every paragraph a passage; one sentence of each paragraph of >= 3 sentences, removed from "

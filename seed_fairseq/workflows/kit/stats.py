@@ -8,11 +8,16 @@
   B over the queries, each query's value being its mean over the seeds.  Averaging
   over seeds first keeps the test's unit the query (the seeds are not independent
   samples of the query population) and makes it see the seed-averaged systems.
+* :func:`document_p`: the same test with the document as its unit, for a derived
+  retrieval set, whose queries come a few dozen from each held-out document and are
+  not independent: a difference that holds for one document's queries and not for
+  another's is significant over the queries more readily than over the documents.
 """
 
 import math
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ...base.derived_set import query_document
 from ...encoders.retrieval.metrics import permutation_test
 
 PerQuery = Mapping[str, float]
@@ -58,6 +63,31 @@ def paired_p(a: Sequence[PerQuery], b: Sequence[PerQuery], n_resamples: int = 10
         raise ValueError("the two systems were evaluated on different queries")
     qids = sorted(ma)
     return permutation_test([ma[q] for q in qids], [mb[q] for q in qids], n_resamples=n_resamples, seed=seed)
+
+
+def document_p(
+    a: Sequence[PerQuery], b: Sequence[PerQuery], n_resamples: int = 10000, seed: int = 0
+) -> Optional[float]:
+    """p-value of A vs B over the documents of a derived set: each document's value is the sum over
+    its queries of the seed-averaged scores, so the statistic (|mean over documents of A - B|) is
+    the per-query test's up to a constant factor (every query weighs alike) and only its null
+    distribution changes: whole documents keep or flip their sign.  None when a query id is not a
+    derived one (``query_document``) or the queries come from fewer than 2 documents."""
+    ma, mb = seed_mean_per_query(a), seed_mean_per_query(b)
+    if sorted(ma) != sorted(mb):
+        raise ValueError("the two systems were evaluated on different queries")
+    docs: Dict[str, List[str]] = {}
+    for q in sorted(ma):
+        d = query_document(q)
+        if d is None:
+            return None
+        docs.setdefault(d, []).append(q)
+    if len(docs) < 2:
+        return None
+    names = sorted(docs)
+    sum_a = [sum(ma[q] for q in docs[d]) for d in names]
+    sum_b = [sum(mb[q] for q in docs[d]) for d in names]
+    return permutation_test(sum_a, sum_b, n_resamples=n_resamples, seed=seed)
 
 
 def fmt_mean_std(agg: Mapping[str, Optional[float]], digits: int = 3) -> str:
