@@ -75,11 +75,14 @@ def test_the_flow_adapts_exports_the_best_checkpoint_and_reports_before_and_afte
         assert all(0.0 <= v <= 1.0 for v in row["metrics"].values()), key
         if key != "original":  # every other row against its reference, from per-query values
             assert 0.0 < min(row["p"].values()) and max(row["p"].values()) <= 1.0, key
+            assert set(row["p_documents"]) == set(row["p"]), key  # a derived set: over its documents too
+            assert 0.0 < min(row["p_documents"].values()) and max(row["p_documents"].values()) <= 1.0, key
     assert rows["adapted"]["versus"] == "original" and rows["adapted_ft"]["versus"] == "original_ft"
     md = (out / "report.md").read_text()
     for label in ("original model, zero-shot", "adapted model, zero-shot", "BM25 (bm25s)", "adapted model, fine-tuned"):
         assert f"| {label} | " in md, label
     assert "derived from 16 of the corpus's 80 documents, held out of pre-training" in md
+    assert "over the held-out documents the queries come from, p = " in md
     assert flow["stdout"].startswith("# Domain adaptation")
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -304,3 +307,22 @@ def test_a_round_trip_that_is_not_exact_is_the_reports_first_sentence():
     assert "differ in their modules or size" in first_sentence(other, "m") and "round trip: T -> Pooling(cls)" in (
         first_sentence(other, "m"))  # fmt: skip
     assert first_sentence({**check, "exact": True}, "minilm") == "" and "exact" in statement({**check, "exact": True})
+
+
+def test_the_verdict_gives_the_test_over_documents_where_there_is_one():
+    """A derived set's report gives p over the documents beside p over the queries; a given set's (or a
+    report written before) has none, and the verdict stays the one over the queries."""
+    from seed_fairseq.workflows.adapt.report import _verdict
+
+    adapted = {"metrics": {"nDCG@10": 0.4}, "versus": "original", "p": {"nDCG@10": 0.01},
+               "p_documents": {"nDCG@10": 0.2}}  # fmt: skip
+    models = {"original": {"metrics": {"nDCG@10": 0.5}}, "adapted": adapted}
+    assert _verdict({"models": models}) == [
+        "* Zero-shot: nDCG@10 0.500 -> 0.400 (-0.100, p = 0.010; over the held-out documents the queries come from, "
+        "p = 0.200): the adapted model is **worse** (two-sided paired permutation test over the queries, 0.05)."
+    ]
+    del adapted["p_documents"]
+    assert _verdict({"models": models}) == [
+        "* Zero-shot: nDCG@10 0.500 -> 0.400 (-0.100, p = 0.010): the adapted model is **worse** (two-sided paired "
+        "permutation test over the queries, 0.05)."
+    ]

@@ -10,7 +10,9 @@ two-sided paired permutation test over the queries
 (``seed_fairseq.encoders.retrieval.metrics.permutation_test``): the adapted model and BM25 with
 the original model zero-shot; after fine-tuning, the original fine-tuned with the
 original zero-shot (what fine-tuning alone gives), and the adapted fine-tuned with the
-original fine-tuned (what adaptation adds after identical fine-tuning).
+original fine-tuned (what adaptation adds after identical fine-tuning).  On the derived set
+(no ``--retrieval-dev``), whose queries come many to a held-out document, the same test over
+the documents too (``p_documents``, ``kit.stats.document_p``).
 """
 
 import platform
@@ -22,7 +24,7 @@ from ...base.fileio import atomic_path, write_json_atomic, write_text_atomic
 from ...base.retrieval_data import load_data
 from ...encoders.retrieval.metrics import aggregate, per_query, permutation_test, read_trec_run
 from ..kit.roundtrip import first_sentence, statement
-from ..kit.stats import fmt_p
+from ..kit.stats import document_p, fmt_p
 from .plan import REPORT_FILES
 
 METRICS = ("nDCG@10", "MRR@10", "R@100")
@@ -58,6 +60,8 @@ def collect(ad, results: Dict[str, Any]) -> Dict[str, Any]:
                 m: permutation_test([a[m][q] for q in sorted(a[m])], [b[m][q] for q in sorted(a[m])], p.resamples)
                 for m in METRICS
             }
+            if p.derived:
+                entry["p_documents"] = {m: document_p([a[m]], [b[m]], p.resamples) for m in METRICS}
         models[r["key"]] = entry
     return {
         "tool": "seed_fairseq.adapt",
@@ -148,9 +152,11 @@ def _verdict(data: Dict[str, Any]) -> List[str]:
         a, b = m[key]["metrics"]["nDCG@10"], ref["metrics"]["nDCG@10"]
         p = m[key]["p"]["nDCG@10"]
         change = "better" if a > b and p < 0.05 else "worse" if a < b and p < 0.05 else "not significantly different"
+        p_docs = m[key].get("p_documents", {}).get("nDCG@10")
+        docs = "" if p_docs is None else f"; over the held-out documents the queries come from, p = {fmt_p(p_docs)}"
         out.append(
-            f"* {what.capitalize()}: nDCG@10 {b:.3f} -> {a:.3f} ({a - b:+.3f}, p = {fmt_p(p)}): the adapted model is "
-            f"**{change}** (two-sided paired permutation test over the queries, 0.05)."
+            f"* {what.capitalize()}: nDCG@10 {b:.3f} -> {a:.3f} ({a - b:+.3f}, p = {fmt_p(p)}{docs}): the adapted "
+            f"model is **{change}** (two-sided paired permutation test over the queries, 0.05)."
         )
     return out
 
