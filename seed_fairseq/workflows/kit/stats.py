@@ -9,7 +9,7 @@
   over seeds first keeps the test's unit the query (the seeds are not independent
   samples of the query population) and makes it see the seed-averaged systems.
 * :func:`document_p`: the same test with the document as its unit, for a derived
-  retrieval set, whose queries come a few dozen from each held-out document and are
+  retrieval set, whose queries come several to each held-out document and are
   not independent: a difference that holds for one document's queries and not for
   another's is significant over the queries more readily than over the documents.
 """
