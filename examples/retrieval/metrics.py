@@ -20,12 +20,11 @@ from seed_fairseq.encoders.retrieval.cli import positive_int, report, seed_int
 from seed_fairseq.encoders.retrieval.metrics import (
     MEASURES,
     check_run_covers,
-    compare,
     evaluate,
     per_query,
     read_trec_run,
 )
-from seed_fairseq.workflows.kit.stats import document_p
+from seed_fairseq.workflows.kit.stats import document_p, paired_p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -46,8 +45,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             base = read_trec_run(args.baseline)
             check_run_covers(base, data.qrels, args.baseline)
             out["baseline"] = evaluate(data.qrels, base)
-            out["p_value"] = compare(data.qrels, run, base, n_resamples=args.resamples, seed=args.seed)
+            # per-query values once, for both tests (paired_p of one run each is compare's test)
             va, vb = per_query(data.qrels, run), per_query(data.qrels, base)
+            out["p_value"] = {n: paired_p([va[n]], [vb[n]], args.resamples, args.seed) for n in MEASURES}
             by_doc = {n: document_p([va[n]], [vb[n]], args.resamples, args.seed) for n in MEASURES}
             if None not in by_doc.values():
                 out["p_value_documents"] = by_doc

@@ -15,7 +15,7 @@
 """
 
 import math
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...base.derived_set import query_document
 from ...encoders.retrieval.metrics import permutation_test
@@ -56,11 +56,17 @@ def seed_mean_per_query(per_seed: Sequence[PerQuery]) -> Dict[str, float]:
     return {q: sum(row[q] for row in per_seed) / len(per_seed) for q in qids}
 
 
-def paired_p(a: Sequence[PerQuery], b: Sequence[PerQuery], n_resamples: int = 10000, seed: int = 0) -> float:
-    """p-value of A vs B: paired permutation test over the queries of the seed-averaged values."""
+def _paired_means(a: Sequence[PerQuery], b: Sequence[PerQuery]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Both systems' seed-averaged per-query values, which must cover the same queries."""
     ma, mb = seed_mean_per_query(a), seed_mean_per_query(b)
     if sorted(ma) != sorted(mb):
         raise ValueError("the two systems were evaluated on different queries")
+    return ma, mb
+
+
+def paired_p(a: Sequence[PerQuery], b: Sequence[PerQuery], n_resamples: int = 10000, seed: int = 0) -> float:
+    """p-value of A vs B: paired permutation test over the queries of the seed-averaged values."""
+    ma, mb = _paired_means(a, b)
     qids = sorted(ma)
     return permutation_test([ma[q] for q in qids], [mb[q] for q in qids], n_resamples=n_resamples, seed=seed)
 
@@ -73,9 +79,7 @@ def document_p(
     the per-query test's up to a constant factor (every query weighs alike) and only its null
     distribution changes: whole documents keep or flip their sign.  None when a query id is not a
     derived one (``query_document``) or the queries come from fewer than 2 documents."""
-    ma, mb = seed_mean_per_query(a), seed_mean_per_query(b)
-    if sorted(ma) != sorted(mb):
-        raise ValueError("the two systems were evaluated on different queries")
+    ma, mb = _paired_means(a, b)
     docs: Dict[str, List[str]] = {}
     for q in sorted(ma):
         d = query_document(q)
