@@ -18,6 +18,8 @@ from helpers import DEMO_CORPUS, REPO, check, load_driver
 from objectives import TINY_ENCODER
 
 from seed_fairseq.base.derived_set import query_document
+from seed_fairseq.base.retrieval_data import load_data
+from seed_fairseq.encoders.retrieval.metrics import per_query, read_trec_run
 from seed_fairseq.workflows.compare import cli
 from seed_fairseq.workflows.kit.objectives import OBJECTIVES, ORDER, PretrainSettings, objective_args, parse_objectives
 from seed_fairseq.workflows.kit.stats import aggregate_seeds, document_p, mean_std, paired_p, seed_mean_per_query
@@ -306,6 +308,15 @@ def test_quick_pipeline_end_to_end(tmp_path):
         assert set(m["cls_cosine"]) == {"16", "32"}  # 64 is beyond the model's 48 positions: skipped
         if key != "mlm":
             assert set(m["p_vs_mlm"]["finetuned"]) == {"MRR@10", "R@100", "nDCG@10"}
+            assert set(m["p_vs_mlm_documents"]["finetuned"]) == {"MRR@10", "R@100", "nDCG@10"}
+    # the derived set's test over documents: kit.stats.document_p of the runs, in results.json and results.md
+    qrels = load_data(out / "retrieval", "test").qrels
+    runs = {o: per_query(qrels, read_trec_run(out / "eval" / o / "s1" / "own.zeroshot.trec"), ["MRR@10"])["MRR@10"]
+            for o in ("seed", "mlm")}  # fmt: skip
+    assert data["models"]["seed"]["p_vs_mlm_documents"]["zero_shot"]["MRR@10"] == document_p(
+        [runs["seed"]], [runs["mlm"]], 50, 1
+    )  # TINY_RUN's --resamples, the first seed
+    assert "| MRR@10 | p | p (documents) |" in md and "p (documents): the same test over the held-out documents" in md
     for o in ORDER:
         od = data["objectives"][o]
         assert od["flops"]["total"] > 0 and od["pretrain_seconds"]["mean"] > 0

@@ -18,7 +18,7 @@ from ..kit.layout import fraction_label, run_name
 from ..kit.logs import final_diagnostics, read_valid
 from ..kit.objectives import BASELINE, OBJECTIVES, eval_models
 from ..kit.roundtrip import first_sentence, statement
-from ..kit.stats import aggregate_seeds, fmt_mean_std, fmt_p, mean_std, paired_p
+from ..kit.stats import aggregate_seeds, document_p, fmt_mean_std, fmt_p, mean_std, paired_p
 from ..measure.flops import BATCHES
 from . import plots
 
@@ -52,8 +52,10 @@ def seed_metrics(pq: List[Dict[str, Dict[str, float]]]) -> List[Dict[str, float]
     return [aggregate(v) for v in pq]
 
 
-def p_values(pq_a, pq_b, resamples: int, seed: int) -> Dict[str, float]:
-    return {m: paired_p([s[m] for s in pq_a], [s[m] for s in pq_b], resamples, seed) for m in METRICS}
+def p_values(pq_a, pq_b, resamples: int, seed: int, test=paired_p) -> Dict[str, Optional[float]]:
+    """{metric: p} of A vs B: ``test`` is ``paired_p`` (the queries are the units) or ``document_p``
+    (the held-out documents of a derived set; None for a given set)."""
+    return {m: test([s[m] for s in pq_a], [s[m] for s in pq_b], resamples, seed) for m in METRICS}
 
 
 def _with_total(counts: Optional[dict], updates: int) -> Optional[dict]:
@@ -107,12 +109,14 @@ def collect(comp, results: Mapping[str, Any]) -> Dict[str, Any]:
         base = BASELINE
         for key, m in models.items():
             if key != base:
-                m["p_vs_mlm"] = {
-                    "zero_shot": p_values(pq_zero[key], pq_zero[base], p.resamples, p.seeds[0]),
-                    "finetuned": p_values(pq_ft[key], pq_ft[base], p.resamples, p.seeds[0]),
-                }
+                for suffix, p_test in (("", paired_p), ("_documents", document_p)):
+                    m["p_vs_mlm" + suffix] = {
+                        "zero_shot": p_values(pq_zero[key], pq_zero[base], p.resamples, p.seeds[0], p_test),
+                        "finetuned": p_values(pq_ft[key], pq_ft[base], p.resamples, p.seeds[0], p_test),
+                    }
         bm25_pq = per_query_runs(qrels, [comp.out / "bm25" / "test.trec"])
         bm25["p_vs_mlm_finetuned"] = p_values(bm25_pq, pq_ft[base], p.resamples, p.seeds[0])
+        bm25["p_vs_mlm_finetuned_documents"] = p_values(bm25_pq, pq_ft[base], p.resamples, p.seeds[0], document_p)
 
     flops = results.get("flops", {}).get("counts", {})
     objectives: Dict[str, Any] = {}
@@ -172,6 +176,17 @@ def retrieval_design(comp, results, test) -> Dict[str, Any]:
             + ", ".join(f"{k} {v}" for k, v in (st.get("queries") or {}).items())
         )
     return info
+
+
+def by_documents(data: Mapping[str, Any]) -> bool:
+    """Whether the report has a test over documents: a derived set's (``kit.stats.document_p``)."""
+    return any(v is not None for m in data["models"].values() for part in m.get("p_vs_mlm_documents", {}).values()
+               for v in part.values())  # fmt: skip
+
+
+def _cells(value: str, metric: str, p: Mapping[str, Any], p_documents: Optional[Mapping[str, Any]]) -> str:
+    """A table's cells for one metric: the value, its p and, where the report has them, its p over documents."""
+    return f"{value} | {fmt_p(p.get(metric))}" + ("" if p_documents is None else f" | {fmt_p(p_documents.get(metric))}")
 
 
 def write_plots(comp, data: Dict[str, Any]) -> List[str]:
@@ -271,10 +286,17 @@ def markdown(comp, data: Dict[str, Any]) -> str:
         "the same subset of queries); 'fine-tuned' is the run on "
         f"{fraction_label(max(p.fractions))}% of the training queries."
     )
+    docs = by_documents(data)
     add(
         "* Mean ± sample standard deviation over the pre-training seeds (no ± with one seed). p: two-sided "
         f"paired permutation test ({p.resamples} resamples, exact for <= 16 queries) against MLM-only over the "
-        "test queries, each query's value averaged over the seeds first.\n"
+        "test queries, each query's value averaged over the seeds first"
+        + (
+            "; p (documents): the same test over the held-out documents the queries were derived from (each "
+            "document's queries summed), since the queries of one document are not independent.\n"
+            if docs
+            else ".\n"
+        )
     )
     r = data["retrieval"]
     add(f"Retrieval: {r['split']} split, {r['test_queries']} queries over {r['passages']} passages; {r['design']}.\n")
@@ -287,16 +309,18 @@ def markdown(comp, data: Dict[str, Any]) -> str:
     for part, title in (("zero_shot", "Zero-shot (the pre-trained model's own vector, no fine-tuning)"),
                         ("finetuned", "Fine-tuned")):  # fmt: skip
         add(f"## {title}\n")
-        add("| model | " + " | ".join(f"{x} | p" for x in METRICS) + " |")
-        add("| --- |" + " --- | --- |" * len(METRICS))
+        add("| model | " + " | ".join(f"{x} | p" + (" | p (documents)" if docs else "") for x in METRICS) + " |")
+        add("| --- |" + (" --- | --- | --- |" if docs else " --- | --- |") * len(METRICS))
         if part == "finetuned":
             b = data["bm25"]
-            bp = b.get("p_vs_mlm_finetuned", {})
-            add("| BM25 (bm25s) | " + " | ".join(f"{b['metrics'][x]:.3f} | {fmt_p(bp.get(x))}" for x in METRICS) + " |")
+            bp, bd = b.get("p_vs_mlm_finetuned", {}), b.get("p_vs_mlm_finetuned_documents", {})
+            add("| BM25 (bm25s) | " + " | ".join(_cells(f"{b['metrics'][x]:.3f}", x, bp, bd if docs else None)
+                                                 for x in METRICS) + " |")  # fmt: skip
         for mm in data["models"].values():
             pv = mm.get("p_vs_mlm", {}).get(part, {})
-            add(f"| {mm['label']} | " + " | ".join(f"{fmt_mean_std(mm[part].get(x))} | {fmt_p(pv.get(x))}"
-                                                    for x in METRICS) + " |")  # fmt: skip
+            pd = mm.get("p_vs_mlm_documents", {}).get(part, {}) if docs else None
+            row = " | ".join(_cells(fmt_mean_std(mm[part].get(x)), x, pv, pd) for x in METRICS)
+            add(f"| {mm['label']} | {row} |")
         add("")
 
     fr = [fraction_label(f) for f in p.fractions]
