@@ -231,8 +231,12 @@ def plot(data: Dict[str, Any], out: Path) -> Path:
             ax.bar(pos, [r["delta"][m] for r in rs], width, yerr=[r["metrics"][m]["std"] for r in rs],
                    label=arm, color=f"C{i}", capsize=2)  # fmt: skip
             for xp, r in zip(pos, rs):
-                if r["p"][m] < ALPHA:
-                    ax.text(xp, r["delta"][m], "*", ha="center", va="bottom" if r["delta"][m] > 0 else "top")
+                if r["p"][m] < ALPHA:  # the star beyond the bar's error bar, where its cap cannot hide it
+                    up = r["delta"][m] > 0
+                    tip = r["delta"][m] + (1 if up else -1) * (r["metrics"][m]["std"] or 0.0)
+                    ax.annotate("*", (xp, tip), xytext=(0, 1 if up else -1), textcoords="offset points",
+                                ha="center", va="bottom" if up else "top", fontsize=12)  # fmt: skip
+        ax.margins(y=0.12)
         ref = data[column]["original"]["metrics"][m]["mean"]
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(x)
