@@ -7,7 +7,7 @@ back exactly (``compare/roundtrip.py``: then the adapted model started from some
 Every number is computed from the runs the stages left (TREC files) and the judged
 queries of the report's split.  Each row is compared with a reference row by the
 two-sided paired permutation test over the queries
-(``seed_fairseq.encoders.retrieval.metrics.permutation_test``): the adapted model and BM25 with
+(``kit.stats.paired_p`` of one run each): the adapted model and BM25 with
 the original model zero-shot; after fine-tuning, the original fine-tuned with the
 original zero-shot (what fine-tuning alone gives), and the adapted fine-tuned with the
 original fine-tuned (what adaptation adds after identical fine-tuning).  On the derived set
@@ -22,9 +22,9 @@ from typing import Any, Dict, List, Optional
 
 from ...base.fileio import atomic_path, write_json_atomic, write_text_atomic
 from ...base.retrieval_data import load_data
-from ...encoders.retrieval.metrics import aggregate, per_query, permutation_test, read_trec_run
+from ...encoders.retrieval.metrics import aggregate, per_query, read_trec_run
 from ..kit.roundtrip import first_sentence, statement
-from ..kit.stats import document_p, fmt_p
+from ..kit.stats import document_p, fmt_p, paired_p
 from .plan import REPORT_FILES
 
 METRICS = ("nDCG@10", "MRR@10", "R@100")
@@ -56,10 +56,7 @@ def collect(ad, results: Dict[str, Any]) -> Dict[str, Any]:
         if r["versus"] is not None:
             a, b = values[r["key"]], values[r["versus"]]
             entry["versus"] = r["versus"]
-            entry["p"] = {
-                m: permutation_test([a[m][q] for q in sorted(a[m])], [b[m][q] for q in sorted(a[m])], p.resamples)
-                for m in METRICS
-            }
+            entry["p"] = {m: paired_p([a[m]], [b[m]], p.resamples) for m in METRICS}  # one run each: over the queries
             if p.derived:
                 entry["p_documents"] = {m: document_p([a[m]], [b[m]], p.resamples) for m in METRICS}
         models[r["key"]] = entry
