@@ -139,11 +139,18 @@ def compare(
 ) -> Dict[str, float]:
     """p-value of A vs B for each metric, paired over the judged queries."""
     va, vb = per_query(qrels, run_a, names), per_query(qrels, run_b, names)
-    out = {}
-    for n in names:
-        qids = sorted(va[n])
-        out[n] = permutation_test([va[n][q] for q in qids], [vb[n][q] for q in qids], n_resamples, seed)
-    return out
+    return {n: query_permutation_test(va[n], vb[n], n_resamples, seed) for n in names}
+
+
+def query_permutation_test(
+    a: Mapping[str, float], b: Mapping[str, float], n_resamples: int = 10000, seed: int = 0
+) -> float:
+    """``permutation_test`` of two systems' per-query values ({query id: value}), paired by query id
+    in sorted order (the order fixes the resampling, so the same values always give the same p)."""
+    if sorted(a) != sorted(b):
+        raise ValueError("the two systems were evaluated on different queries")
+    qids = sorted(a)
+    return permutation_test([a[q] for q in qids], [b[q] for q in qids], n_resamples, seed)
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...base.derived_set import query_document
-from ...encoders.retrieval.metrics import permutation_test
+from ...encoders.retrieval.metrics import permutation_test, query_permutation_test
 
 PerQuery = Mapping[str, float]
 
@@ -66,9 +66,7 @@ def _paired_means(a: Sequence[PerQuery], b: Sequence[PerQuery]) -> Tuple[Dict[st
 
 def paired_p(a: Sequence[PerQuery], b: Sequence[PerQuery], n_resamples: int = 10000, seed: int = 0) -> float:
     """p-value of A vs B: paired permutation test over the queries of the seed-averaged values."""
-    ma, mb = _paired_means(a, b)
-    qids = sorted(ma)
-    return permutation_test([ma[q] for q in qids], [mb[q] for q in qids], n_resamples=n_resamples, seed=seed)
+    return query_permutation_test(*_paired_means(a, b), n_resamples=n_resamples, seed=seed)
 
 
 def document_p(
