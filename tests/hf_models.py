@@ -191,3 +191,18 @@ def save_sentence_model(
         config["similarity_fn_name"] = similarity
     (out / "config_sentence_transformers.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def save_with_sentence_transformers(out: Path, cut: int, pooling="mean", normalize=True) -> Path:
+    """A tiny BERT saved by sentence-transformers itself (``SentenceTransformer.save``) with the text cut
+    ``cut``: 6.x keep it as the tokenizer's ``model_max_length`` and leave it out of
+    sentence_bert_config.json, 3.x - 5.x write it there."""
+    from sentence_transformers import SentenceTransformer
+
+    from seed_fairseq.encoders.hf.sentence import st_modules
+
+    encoder = save_bert(out.with_name(out.name + "-encoder"), with_head=False)
+    Transformer, Pooling, Normalize = st_modules()
+    modules = [Transformer(str(encoder), max_seq_length=cut), Pooling(HIDDEN, pooling_mode=pooling)]
+    SentenceTransformer(modules=[*modules, *([Normalize()] if normalize else [])], device="cpu").save(str(out))
+    return out

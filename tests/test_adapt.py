@@ -112,7 +112,7 @@ def test_the_flow_adapts_exports_the_best_checkpoint_and_reports_before_and_afte
 
     # the model's own representation throughout: pre-trained and validated on, exported with, scored in
     assert "'bottleneck_pooling': mean, 'retrieval_similarity': cosine," in log  # (enum values, unquoted)
-    mean = "Transformer -> Pooling(mean) -> Normalize, cosine"
+    mean = "Transformer -> Pooling(mean) -> Normalize, cosine, max 48 tokens"  # the model's own cut throughout
     from seed_fairseq.encoders.retrieval.search import load_model
     from seed_fairseq.workflows.kit.roundtrip import describe
 
@@ -171,6 +171,24 @@ def test_a_rerun_does_nothing_and_a_change_redoes_only_what_depends_on_it(flow):
     assert after[tuned] != before[tuned]
 
 
+@pytest.mark.slow
+def test_a_diverged_fine_tuning_is_one_error_line_never_a_row(flow, tmp_path, capsys, monkeypatch):
+    """A fine-tuning whose loss turns NaN stops adapt with one error line naming the model (issue 43 B):
+    no run of 0.0 scores, no report with a "significant" row (the study's cells run the same stage)."""
+    from test_faults_hf import refused
+    from test_faults_nonfinite import _diverging
+
+    copy = tmp_path / "out"
+    shutil.copytree(flow["out"], copy, ignore=shutil.ignore_patterns(".lock"))
+    argv = [str(a) for a in flow["args"]]
+    argv[argv.index("--out") + 1] = str(copy)
+    report = (copy / "report.json").read_bytes()
+    _diverging(monkeypatch)
+    line = refused(capsys, cli.main([*argv, "--ft-lr", "7e-5"]), flow["args"][1], "fine-tuning diverged")
+    assert "the loss is nan at step 1" in line
+    assert (copy / "report.json").read_bytes() == report
+
+
 # ---------------------------------------------------------------------------
 # fast: the checkpoint choice, the dev set in training, bad input
 # ---------------------------------------------------------------------------
@@ -211,7 +229,8 @@ def test_the_start_is_kept_when_no_checkpoint_beat_it(tmp_path, bert):
     [
         (["--ft-lr", "1e-4"], {"finetune-original", "finetune-adapted", "report"}),
         (["--updates", "6"], {"pretrain", "export", "zeroshot-adapted", "finetune-adapted", "report"}),
-        (["--max-seq-length", "32"], {"roundtrip", "zeroshot-original", "zeroshot-adapted", "finetune-original",
+        # the round trip compares each folder at its own cut, whatever the evaluation's
+        (["--max-seq-length", "32"], {"zeroshot-original", "zeroshot-adapted", "finetune-original",
                                       "finetune-adapted", "report"}),  # fmt: skip
         # another derived set and other pre-training text: everything but the import
         (["--heldout-docs", "20"], {"split", "retrieval", "data", "pretrain", "export", "roundtrip", "bm25",
@@ -264,6 +283,34 @@ def test_the_original_is_the_model_as_given(tmp_path, bert):
     assert "model" not in stages["zeroshot-adapted"].reads
 
 
+def test_the_model_as_given_is_scored_at_its_own_cut(tmp_path, bert):
+    """Without --max-seq-length every model is evaluated and fine-tuned at the text cut of the model as given
+    (its sentence_bert_config.json's 48 of its 64 positions), and the report says whose cut it is."""
+    from seed_fairseq.workflows.adapt.report import cut_by
+
+    plan = _plan(tmp_path, bert)
+    assert plan.max_seq_length == 48 and cut_by(plan) == "the model's own max_seq_length"
+    plan = _plan(tmp_path, bert, "--max-seq-length", "32")
+    assert plan.max_seq_length == 32 and cut_by(plan) == "--max-seq-length"
+
+
+def test_a_round_trip_that_changes_the_cut_is_not_exact(tmp_path, bert):
+    """The round trip compares each folder at its own cut: a written folder that cuts texts elsewhere than
+    the model as given is not "exact", even where the two agree on shorter texts."""
+    from seed_fairseq.workflows.kit.roundtrip import compare_folders
+
+    texts = [line for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()][:6]
+    same = compare_folders(bert, bert, texts, "cpu")
+    assert same["exact"] and same["max_seq_length"] == [48, 48] and same["given"].endswith(", max 48 tokens")
+    other = tmp_path / "other"
+    shutil.copytree(bert, other)
+    config = json.loads((other / "sentence_bert_config.json").read_text())
+    (other / "sentence_bert_config.json").write_text(json.dumps({**config, "max_seq_length": 32}))
+    check = compare_folders(bert, other, texts, "cpu")
+    assert not check["exact"] and check["max_seq_length"] == [48, 32], check
+    assert check["round_trip"].endswith(", max 32 tokens") and check["given"] != check["round_trip"]
+
+
 def test_the_dev_set_reaches_fairseq_train(tmp_path, bert):
     plan = _plan(tmp_path, bert)
     args = Adaptation(plan).selection_args()
@@ -281,11 +328,19 @@ def test_the_dev_set_reaches_fairseq_train(tmp_path, bert):
         (["--objective", "bert"], "--objective: unknown bert"),
         (["--heldout-docs", "79"], "--heldout-docs 79"),
         (["--layer-lr-decay", "1.5"], "--layer-lr-decay must be in (0, 1]"),
+        (["--model", "MODEL_WITH_A_PATH_OUT"], "modules.json: module Pooling: path '../1_Pooling' leads out"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else v,
 )
 def test_bad_input_is_one_error_line_before_anything_is_written(tmp_path, capsys, bert, change, named):
     out = tmp_path / "out"
+    if "MODEL_WITH_A_PATH_OUT" in change:  # a folder sentence-transformers would read outside of (issue 43 E)
+        model = tmp_path / "model"
+        shutil.copytree(bert, model)
+        modules = json.loads((model / "modules.json").read_text())
+        modules[1]["path"] = "../1_Pooling"
+        (model / "modules.json").write_text(json.dumps(modules))
+        change = ["--model", str(model)]
     argv = ["--model", str(bert), "--corpus", str(DEMO_CORPUS), "--objective", "seed", "--out", str(out), *change]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

@@ -98,7 +98,7 @@ def test_the_report_holds_the_runs_own_numbers(run):
     assert md.startswith("# Adaptation study") and "| **no continued pre-training** |" in md
     # the reference is --model itself; its import's round trip is exact, else the first sentence says so
     check = data["roundtrip"]
-    assert check["exact"] and check["given"] == "Transformer -> Pooling(mean) -> Normalize, cosine"
+    assert check["exact"] and check["given"] == "Transformer -> Pooling(mean) -> Normalize, cosine, max 48 tokens"
     assert md.splitlines()[2] == "```" and "round trip (`roundtrip/`) was compared with the model as given" in md
     from seed_fairseq.workflows.adapt.study_report import markdown
 

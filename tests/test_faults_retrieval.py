@@ -691,6 +691,15 @@ MODEL_FAULTS = {
     "weights-not-safetensors": (dict(files={"model.safetensors": b"garbage"}), "model.safetensors"),
     "tokenizer-json-corrupt": (dict(files={"tokenizer.json": '{"version": '}), "tokenizer.json"),
     "modules-json-corrupt": (dict(files={"modules.json": "[{"}), "modules.json"),
+    # what sentence-transformers would read outside the folder, or import from elsewhere (issue 43 E)
+    "module-path-out-of-the-folder": (dict(files={"modules.json": json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "../1_Pooling", "type": "sentence_transformers.models.Pooling"}])}),
+        "modules.json"),  # fmt: skip
+    "module-class-from-elsewhere": (dict(files={"modules.json": json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "my_package.Pooling"}])}),
+        "modules.json"),  # fmt: skip
 }
 
 

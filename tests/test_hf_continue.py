@@ -261,7 +261,7 @@ def test_comparison_init_pretrains_every_objective(imported, tmp_path):
     assert len([s for s in stages if s.name.startswith("pretrain-")]) == len(ORDER)
     results = Runner(comp.out, stages, comp.external(), state_dir=comp.out / STATE).run()
     # the --init model as given against its import's round trip: exact (the report says when it is not)
-    mean = "Transformer -> Pooling(mean) -> Normalize, cosine"
+    mean = "Transformer -> Pooling(mean) -> Normalize, cosine, max 48 tokens"
     check = results["roundtrip"]
     assert check["exact"] and check["given"] == check["round_trip"] == mean and check["max_abs_diff"] <= 1e-5
     imported_encoder = load_torch_file(str(comp.out / "import" / "checkpoint.pt"))["model"]  # allowlisted

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from helpers import DEMO_CORPUS, REPO, check, fairseq_train, load_driver, parse_argv, run
-from hf_models import ODD_STRINGS, SAVERS, minilm_dir, save_sentence_model
+from hf_models import ODD_STRINGS, SAVERS, minilm_dir, save_sentence_model, save_with_sentence_transformers
 
 from seed_fairseq.pretrain.checkpoint import load_torch_file
 
@@ -381,6 +381,67 @@ def test_a_sentence_model_is_imported_and_exported_with_its_representation(kind,
     same_model(model, exported, small_retrieval_set())
 
 
+def test_the_cut_of_a_folder_sentence_transformers_saved_survives_import_and_export(tmp_path):
+    """sentence-transformers 6 keeps a model's max_seq_length as its tokenizer's model_max_length, not in
+    sentence_bert_config.json: the import reads it there (and checks it against SentenceTransformer's own
+    reading), the checkpoint and model_args.txt carry it, and the export writes it back."""
+    from seed_fairseq.encoders.hf.export import export
+    from seed_fairseq.encoders.hf.import_ import import_model, read_model_args
+
+    model = save_with_sentence_transformers(tmp_path / "st", cut=40)
+    imported = import_model(model, tmp_path / "imported")
+    record = json.loads((imported / "seed_fairseq_import.json").read_text())
+    assert record["representation"]["max_seq_length"] == 40 and read_model_args(imported)[-2:] == [
+        "--retrieval-max-length", "40"]  # fmt: skip
+    exported = export(imported / "checkpoint.pt", imported, tmp_path / "exported")
+    assert json.loads((exported / "seed_fairseq_export.json").read_text())["max_seq_length"] == 40
+    assert same_model(model, exported, small_retrieval_set()).max_seq_length == 40
+    # and the export, as sentence-transformers saved it, imports again with the same cut
+    again = import_model(exported, tmp_path / "again")
+    assert json.loads((again / "seed_fairseq_import.json").read_text())["representation"]["max_seq_length"] == 40
+
+
+# where sentence-transformers keeps a model's text cut (files of the folder) -> the cut; the tiny BERT
+# has 64 positions and its tokenizer says model_max_length 64
+CUTS = {
+    "sentence_bert_config.json (3.x - 5.x)": ({"sentence_bert_config.json": {"max_seq_length": 48}}, 48),
+    "the tokenizer's model_max_length (6.x)": ({"sentence_bert_config.json": {}, "tokenizer_config.json":
+                                               {"model_max_length": 40}}, 40),  # fmt: skip
+    "a legacy sentence_roberta_config.json": ({"sentence_roberta_config.json": {"max_seq_length": 24}}, 24),
+    "tokenizer_args in the module's config": ({"sentence_bert_config.json": {"tokenizer_args": {
+        "model_max_length": 30}}}, 30),  # fmt: skip
+    "nothing: the tokenizer's length, at most the positions": ({"sentence_bert_config.json": {},
+                                                                "tokenizer_config.json": {"model_max_length": 10**30}},
+                                                               64),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("where", CUTS)
+def test_the_cut_is_read_wherever_sentence_transformers_keeps_it(where, sentence_model, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from seed_fairseq.encoders.hf.sentence import read_folder
+
+    files, cut = CUTS[where]
+    model = _copy(sentence_model, tmp_path / "st")
+    (model / "sentence_bert_config.json").unlink()
+    for name, values in files.items():
+        _set_json(model / name, **values)
+    assert read_folder(model).max_length == cut
+    assert SentenceTransformer(str(model), device="cpu", local_files_only=True).max_seq_length == cut  # as it reads
+
+
+@pytest.mark.parametrize(
+    "name,similarity", [("cos_sim", "cosine"), ("COSINE", "cosine"), ("Dot", "dot"), ("dot_product", "dot")]
+)
+def test_similarity_spellings_are_read_for_what_they_say(name, similarity, sentence_model, tmp_path):
+    from seed_fairseq.encoders.hf.sentence import read_folder
+
+    model = _copy(sentence_model, tmp_path / "st")
+    _set_json(model / "config_sentence_transformers.json", similarity_fn_name=name)
+    assert read_folder(model).similarity == similarity
+
+
 def test_a_model_folder_without_sentence_transformers_modules_keeps_the_papers_representation(tiny):
     from seed_fairseq.encoders.hf.import_ import model_args, read_source
 
@@ -431,7 +492,59 @@ REFUSED = {
         "config_sentence_transformers.json",
         "similarity_fn_name 'euclidean'",
     ),
+    # what sentence-transformers would refuse, or read from elsewhere (issue 43 E)
+    "a module path out of the folder": (
+        lambda m: _set_module(m, 1, path="../1_Pooling"),
+        "modules.json",
+        "module Pooling: path '../1_Pooling' leads out of the model folder",
+    ),
+    "an absolute module path": (
+        lambda m: _set_module(m, 1, path=str(m / "1_Pooling")),
+        "modules.json",
+        "leads out of the model folder",
+    ),
+    "a module class from elsewhere": (
+        lambda m: _set_module(m, 1, type="my_package.Pooling"),
+        "modules.json",
+        "module type 'my_package.Pooling' is not one of sentence-transformers' own classes",
+    ),
+    "an empty default prompt name": (
+        lambda m: _set_json(m / "config_sentence_transformers.json", default_prompt_name=""),
+        "config_sentence_transformers.json",
+        "default_prompt_name ''",
+    ),
+    "prompts that are not a mapping": (
+        lambda m: _set_json(m / "config_sentence_transformers.json", prompts=["query: "]),
+        "config_sentence_transformers.json",
+        "prompts must map names to strings",
+    ),
+    "a similarity that is not a string": (
+        lambda m: _set_json(m / "config_sentence_transformers.json", similarity_fn_name=["cosine"]),
+        "config_sentence_transformers.json",
+        "similarity_fn_name ['cosine'] is not a similarity's name",
+    ),
+    "embeddings truncated to fewer dimensions": (
+        lambda m: _set_json(m / "config_sentence_transformers.json", truncate_dim=16),
+        "config_sentence_transformers.json",
+        "truncate_dim 16",
+    ),
+    "a cut that depends on the sentence-transformers version": (
+        lambda m: _set_json(m / "sentence_bert_config.json", tokenizer_args={"model_max_length": 32}),
+        "sentence_bert_config.json",
+        "max_seq_length 48 and the tokenizer's model_max_length 32",
+    ),
+    "a cut that is not a length": (
+        lambda m: _set_json(m / "sentence_bert_config.json", max_seq_length=0),
+        "sentence_bert_config.json",
+        "max_seq_length 0 is not a whole number >= 1",
+    ),
 }
+
+
+def _set_module(model, index, **values):
+    modules = _modules(model)
+    modules[index].update(values)
+    (model / "modules.json").write_text(json.dumps(modules))
 
 
 @pytest.fixture(scope="module")
@@ -471,7 +584,12 @@ def test_pooled_vectors_that_differ_from_sentence_transformers_are_never_written
     with pytest.raises(export_module.ExportError, match=r"SentenceTransformer's vectors \(mean pooling, dot product\)"):
         export_module.export(imported / "checkpoint.pt", imported, tmp_path / "exported")
     assert not (tmp_path / "exported").exists()
-    monkeypatch.setattr(import_, "read_folder", lambda folder: wrong)
+    monkeypatch.setattr(import_, "read_folder", lambda folder: Representation("max", "dot", 48))
     with pytest.raises(import_.HFImportError, match="fairseq's max pooling, dot product differs from Sentence"):
+        import_.import_model(sentence_model, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()
+    # a text cut read wrong (the model's 64 positions instead of its max_seq_length 48) is seen too
+    monkeypatch.setattr(import_, "read_folder", lambda folder: Representation("mean", "dot"))
+    with pytest.raises(import_.HFImportError, match="SentenceTransformer cuts texts at 48 tokens, the import read 64"):
         import_.import_model(sentence_model, tmp_path / "wrong")
     assert not (tmp_path / "wrong").exists()

@@ -35,7 +35,8 @@ import torch
 from ...base.retrieval_data import DataFormatError
 from ..retrieval import representations
 from ..retrieval.index import SearchError, build_index, make_index, search, to_run
-from ..retrieval.search import PRECISIONS, autocast, length_order, quantized_int8
+from ..retrieval.precision import PRECISIONS, autocast, quantized_int8
+from ..retrieval.search import check_vectors, length_order
 from .head import CONFIG_FILE, DupMAEHead, HeadFileError, check_top_k, has_head, load_head
 
 if TYPE_CHECKING:
@@ -173,7 +174,9 @@ def encode_dupmae(
     inverse = np.empty(n, dtype=np.int64)
     inverse[order] = np.arange(n)
     dense = np.ascontiguousarray(np.concatenate(dense)[inverse], dtype=np.float32)
-    return dense, sparse_rows(np.concatenate(values)[inverse], np.concatenate(indices)[inverse], head.vocab_size)
+    values = np.concatenate(values)[inverse]
+    check_vectors(model, np.concatenate([dense, values], axis=1), desc, precision)  # both halves of Eq. 12
+    return dense, sparse_rows(values, np.concatenate(indices)[inverse], head.vocab_size)
 
 
 def sparse_rows(values: np.ndarray, indices: np.ndarray, vocab_size: int) -> sp.csr_matrix:

@@ -41,6 +41,7 @@ from ...pretrain.checkpoint_records import representation_options as recorded_op
 from . import representation as representations
 from .card import model_card
 from .export_check import verify, verify_representation
+from .folder import HFFolderError, check_finite
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .representation import ExportError, ExportJob
@@ -292,6 +293,10 @@ def export(
     src = texts_source
     config = hf_config(model_cfg, len(dictionary), with_lm_head, pad=src.pad, bos=src.bos, eos=src.eos)
     hf_model = (XLMRobertaForMaskedLM if with_lm_head else XLMRobertaModel)(config).eval()
+    try:  # a diverged run's checkpoint: no HF equivalent to compare with, nothing to export
+        check_finite(((k, v) for k, v in state["model"].items() if not k.startswith(dropped)), checkpoint)
+    except HFFolderError as e:
+        raise ExportError(str(e)) from None
     hf_state = fairseq_to_hf(state["model"], architecture.layers, with_lm_head, dropped_prefixes=dropped)
     hf_model.load_state_dict(to_hf_order(hf_state, src, with_lm_head), strict=True)
     tokenizer = src.tokenizer(max_len)

@@ -16,7 +16,7 @@ import json
 import pickle
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Collection, Dict, List, Mapping, Tuple
+from typing import TYPE_CHECKING, Collection, Dict, Iterable, Iterator, List, Mapping, Tuple
 
 import torch
 
@@ -181,6 +181,36 @@ def _load_file(path: Path) -> Dict[str, torch.Tensor]:
 def read_weights(folder) -> Dict[str, torch.Tensor]:
     """Every tensor of the folder's weights (all shards), as stored."""
     return {k: v for path in weight_files(folder) for k, v in _load_file(path).items()}
+
+
+def iter_weights(folder) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(name, tensor) of the folder's weights one tensor at a time (safetensors read lazily, so a large
+    model is checked without holding it twice)."""
+    for path in weight_files(folder):
+        if path.suffix != ".safetensors":
+            yield from _load_file(path).items()
+            continue
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), "pt") as f:
+                for key in f.keys():
+                    yield key, f.get_tensor(key)
+        except Exception as e:  # SafetensorError, OSError, ...
+            raise HFFolderError(path, f"cannot read the weights ({one_line(e)})") from None
+
+
+def check_finite(named: Iterable[Tuple[str, torch.Tensor]], path) -> None:
+    """:class:`HFFolderError` naming ``path`` when a floating-point tensor of ``named`` ((name, tensor)
+    pairs: weights, parameters) holds NaN or an infinity: a broken model, or one whose training
+    diverged, computes nothing a tool may report or train on."""
+    bad = [name for name, v in named if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise HFFolderError(
+            path, f"weights hold NaN or infinite values ({bad[0]}{more}): a broken model, or one whose training "
+            "diverged, is not used",
+        )  # fmt: skip
 
 
 def _header_shapes(path: Path) -> Dict[str, Tuple[int, ...]]:

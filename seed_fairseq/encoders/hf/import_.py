@@ -57,15 +57,18 @@ from .folder import (
     CONFIG,
     SIZES,
     HFFolderError,
+    check_finite,
     check_fits_weights,
     check_sizes,
+    iter_weights,
     read_config,
     read_weights,
     transformers_config,
+    weight_files,
     weight_shapes,
 )
 from .import_check import compare, compare_representation
-from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq
+from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq, position_offset
 from .keymap import UnmappedKeyError
 from .sentence import Representation, read_folder
 
@@ -91,7 +94,8 @@ FLOAT_SETTINGS = {
     "attention_probs_dropout_prob": (0.1, lambda v: 0 <= v < 1, "a number in [0, 1)"),
 }
 
-# Strings every import is checked on: accents, CJK, emoji, a long word, case, empty.
+# Strings every import is checked on: accents, CJK, emoji, a long word, case, empty, and one longer
+# than any model's positions (where each side cuts a text is compared too).
 CHECK_STRINGS = [
     "The Rhine rises in the Swiss Alps and flows north to the North Sea.",
     "Café au lait in Zürich costs 4.50 CHF — naïve prices!",
@@ -100,6 +104,7 @@ CHECK_STRINGS = [
     "UPPER CASE and MiXeD CaSe, digits 0123456789 and 3.14159",
     "",
 ]
+CHECK_STRINGS.append(" ".join(CHECK_STRINGS[:5]) * 6)
 
 
 class HFImportError(ValueError):
@@ -160,16 +165,18 @@ class Source(NamedTuple):
 
 
 def check_source(hf_dir: Path) -> None:
-    """What :func:`read_source` refuses, read from ``config.json``, the weights' headers and
-    the tokenizer only: a tool that imports the folder in a later stage (adapt, the
-    comparison's --init) refuses a folder without weights or tokenizer, or whose vocabulary
-    does not fit, before it writes anything.  :class:`HFImportError` (``FILE: problem``)."""
+    """What :func:`read_source` refuses, read from ``config.json``, the weights (headers, then one
+    tensor at a time for NaN or infinities), the sentence-transformers files and the tokenizer only:
+    a tool that imports the folder in a later stage (adapt, the comparison's --init) refuses a
+    folder without weights or tokenizer, a broken one, or one whose vocabulary does not fit, before
+    it writes anything.  :class:`HFImportError` (``FILE: problem``)."""
     hf_dir = Path(hf_dir)
     try:
         hf_cfg = read_config(hf_dir)
         check_architecture(hf_cfg, hf_dir)
         transformers_config(hf_dir)
         check_fits_weights(hf_cfg, weight_shapes(hf_dir), hf_dir / CONFIG)
+        check_finite(iter_weights(hf_dir), weight_files(hf_dir)[0])
         read_folder(hf_dir)
     except HFFolderError as e:
         raise HFImportError(str(e)) from None
@@ -193,6 +200,7 @@ def read_source(hf_dir: Path) -> Source:
         transformers_config(hf_dir)
         weights = read_weights(hf_dir)
         check_fits_weights(hf_cfg, {k: tuple(v.shape) for k, v in weights.items()}, hf_dir / CONFIG)
+        check_finite(weights.items(), weight_files(hf_dir)[0])
         representation = read_folder(hf_dir)
     except HFFolderError as e:
         raise HFImportError(str(e)) from None
@@ -207,7 +215,9 @@ def read_source(hf_dir: Path) -> Source:
         vocab = vocab_from_tokenizer(tok, hf_dir, expected_size=rows)
     except TokenizerError as e:
         raise HFImportError(str(e)) from None
-    return Source(hf_cfg, family, weights, dtype, tok, vocab, representation)
+    # the tokens a text can hold; a cut at or beyond them is none of the model's own
+    positions = hf_cfg["max_position_embeddings"] - position_offset(family, vocab.fairseq_to_hf[1])
+    return Source(hf_cfg, family, weights, dtype, tok, vocab, representation.within(positions))
 
 
 def model_args(cfg: dict, max_positions: int, representation: Representation = Representation()) -> List[str]:
@@ -364,7 +374,14 @@ def import_model(hf_dir, out, force: bool = False, atol: float = 1e-5, seed: int
             if not diff <= atol:
                 raise HFImportError(f"{hf_dir}: fairseq outputs differ from HF's: max abs diff {diff:.3g} > {atol:g}")
             # the vector the model is used by: fairseq's pooled (and normalised) one against SentenceTransformer's
-            pooled = compare_representation(model, hf_dir, tok, vocab, CHECK_STRINGS, max_positions)
+            cut = representation.seq_length(max_positions)
+            checked = compare_representation(model, hf_dir, tok, vocab, CHECK_STRINGS, max_positions, cut)
+            pooled = None if checked is None else checked[0]
+            if checked is not None and checked[1] != cut:
+                raise HFImportError(
+                    f"{hf_dir}: SentenceTransformer cuts texts at {checked[1]} tokens, the import read {cut} "
+                    "(hf/sentence.text_cut): its continuation would encode other texts than the model"
+                )
             if pooled is not None and not pooled <= atol:
                 raise HFImportError(
                     f"{hf_dir}: fairseq's {representation.describe()} differs from SentenceTransformer's: max abs "

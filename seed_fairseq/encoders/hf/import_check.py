@@ -2,7 +2,7 @@
 HuggingFace model's on the same texts (the largest absolute difference)."""
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -24,10 +24,12 @@ def compare(fs_model, hf_model, hf_mlm, tok, vocab, texts, max_len) -> float:
     return diff
 
 
-def compare_representation(fs_model, hf_dir: Path, tok, vocab, texts, max_len) -> Optional[float]:
-    """Max abs difference between the vectors fairseq's model scores (``sentence_embedding``: its
-    task's pooling and similarity) and ``SentenceTransformer``'s of ``hf_dir`` on ``texts``
-    (normalised when the similarity is cosine); None for a folder without ``modules.json``."""
+def compare_representation(fs_model, hf_dir: Path, tok, vocab, texts, max_len, cut) -> Optional[Tuple[float, int]]:
+    """(max abs difference between the vectors fairseq's model scores (``sentence_embedding``: its
+    task's pooling and similarity) on ``texts`` cut at ``cut`` tokens and ``SentenceTransformer``'s of
+    ``hf_dir`` cut where sentence-transformers itself cuts them (normalised when the similarity is
+    cosine), that cut, at most ``max_len``); None for a folder without ``modules.json``.  ``texts``
+    should hold one longer than any cut: then a cut read wrong is a difference too."""
     from sentence_transformers import SentenceTransformer
 
     from .sentence import MODULES
@@ -35,8 +37,9 @@ def compare_representation(fs_model, hf_dir: Path, tok, vocab, texts, max_len) -
     if not (hf_dir / MODULES).is_file():
         return None
     st = SentenceTransformer(str(hf_dir), device="cpu", local_files_only=True)
-    st.max_seq_length = max_len
-    batch = tok(texts, truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+    theirs_cut = min(st.max_seq_length or max_len, max_len)  # beyond the positions it could not encode at all
+    st.max_seq_length = theirs_cut
+    batch = tok(texts, truncation=True, max_length=cut, padding=True, return_tensors="pt")
     tokens = torch.as_tensor(vocab.hf_to_fairseq)[batch["input_ids"]]
     with torch.no_grad():
         features, _ = fs_model(tokens, features_only=True)
@@ -44,4 +47,4 @@ def compare_representation(fs_model, hf_dir: Path, tok, vocab, texts, max_len) -
         theirs = st.encode(list(texts), convert_to_tensor=True, batch_size=len(texts), show_progress_bar=False)
     if fs_model.similarity == "cosine":
         theirs = torch.nn.functional.normalize(theirs, p=2, dim=-1)
-    return (ours - theirs.to(ours.dtype)).abs().max().item()
+    return (ours - theirs.to(ours.dtype)).abs().max().item(), theirs_cut

@@ -25,7 +25,7 @@ representation of its own: it gets the papers' [CLS] vector and dot product.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -34,6 +34,16 @@ from .folder import HFFolderError
 MODULES = "modules.json"
 ST_CONFIG = "config_sentence_transformers.json"
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
+# the Transformer module's configuration under every name sentence-transformers reads (3.x - 6.x,
+# ``Transformer.load_config``): the first one present is the module's
+TRANSFORMER_CONFIGS = (TRANSFORMER_CONFIG, "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                       "sentence_camembert_config.json", "sentence_albert_config.json",
+                       "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")  # fmt: skip
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# the module classes a folder may name: sentence-transformers' own (3.x: sentence_transformers.models.X,
+# 6.x: sentence_transformers.sentence_transformer.modules.X, ...); any other class is code from
+# elsewhere, which sentence-transformers < 6 imports and runs when it loads the folder
+ST_PACKAGE = "sentence_transformers."
 # The records this project's tools write beside the model files, with the tools they name: the
 # export's (hf/export.py EXPORT_RECORD) and fine-tuning's (retrieval/training.py RECORD, TOOL)
 TOOL_RECORDS = {
@@ -55,8 +65,14 @@ LEGACY_POOLING_KEYS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 SIMILARITIES = ("dot", "cosine")
-# similarity_fn_name spellings (sentence_transformers.SimilarityFunction) -> the plugin's
-SIMILARITY_NAMES = {"dot": "dot", "dot_product": "dot", "cosine": "cosine"}
+# similarity_fn_name spellings -> the plugin's, matched without case: the values of sentence-transformers'
+# SimilarityFunction ("cosine", "dot"), its member names (COSINE, DOT_PRODUCT, DOT) and its util functions
+# (cos_sim, dot_score).  sentence-transformers 6 takes only "cosine", "dot", "euclidean" and "manhattan" and
+# compares a folder naming anything else by cosine, its default; 3.x - 5.x refuse such a folder.  A
+# name is taken for what it says here (docs/hf.md), and the export writes it back as "cosine" or "dot".
+SIMILARITY_NAMES = {"dot": "dot", "dot_product": "dot", "dot_score": "dot", "cosine": "cosine", "cos_sim": "cosine"}
+# the distances sentence-transformers has: refused (the tools rank by inner product)
+DISTANCES = ("euclidean", "manhattan")
 
 
 @dataclass(frozen=True)
@@ -67,8 +83,8 @@ class Representation:
 
     pooling: str = "cls"
     similarity: str = "dot"
-    # the longest text in tokens (sentence_bert_config.json's max_seq_length: all-MiniLM-L6-v2 cuts at
-    # 256 of its 512 positions); 0: the model's positions
+    # the longest text in tokens (sentence-transformers' max_seq_length, text_cut: all-MiniLM-L6-v2 cuts
+    # at 256 of its 512 positions); 0: the model's positions
     max_length: int = 0
 
     @property
@@ -78,6 +94,11 @@ class Representation:
     def seq_length(self, positions: int) -> int:
         """The tokens a text keeps: :attr:`max_length`, at most the model's ``positions``."""
         return min(self.max_length, positions) if self.max_length > 0 else positions
+
+    def within(self, positions: int) -> "Representation":
+        """This representation on a model of ``positions`` positions: a cut at or beyond them is no cut
+        of its own (``max_length`` 0, the positions), as the task options and the export record it."""
+        return replace(self, max_length=0) if self.max_length >= positions else self
 
     @property
     def st_pooling(self) -> str:
@@ -144,14 +165,36 @@ def _object(path: Path) -> Dict[str, Any]:
 
 
 def module_list(folder) -> Optional[List[Tuple[str, str]]]:
-    """``[(kind, path)]`` of ``modules.json`` (kind: the class name, ``Pooling``), None without one."""
-    path = Path(folder) / MODULES
+    """``[(kind, path)]`` of ``modules.json`` (kind: the class name, ``Pooling``), None without one.
+
+    Vetted before sentence-transformers reads it (:class:`HFFolderError` naming ``modules.json``):
+    every module is one of sentence-transformers' own classes (another is code from elsewhere, run
+    by sentence-transformers < 6 when it loads the folder), and its folder lies inside the model's
+    (no absolute path, no ``..``, no link out of it: sentence-transformers reads it first)."""
+    folder = Path(folder)
+    path = folder / MODULES
     if not path.is_file():
         return None
     spec = _json(path)
     if not isinstance(spec, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str) for m in spec):
         raise HFFolderError(path, "not a list of sentence-transformers modules (each with a 'type')")
-    return [(m["type"].rsplit(".", 1)[-1], str(m.get("path", ""))) for m in spec]
+    modules = []
+    for m in spec:
+        kind, where = m["type"], m.get("path", "")
+        if not kind.startswith(ST_PACKAGE):
+            raise HFFolderError(
+                path,
+                f"module type {kind!r} is not one of sentence-transformers' own classes: loading it would run code "
+                "from elsewhere (sentence-transformers 6 refuses it without trust_remote_code)",
+            )
+        if not isinstance(where, str):
+            raise HFFolderError(path, f"module {kind.rsplit('.', 1)[-1]}: its path must be a string, got {where!r}")
+        inside, target = folder.resolve(), (folder / where).resolve()
+        if where and (Path(where).is_absolute() or ".." in Path(where).parts or
+                      (target != inside and inside not in target.parents)):  # fmt: skip
+            raise HFFolderError(path, f"module {kind.rsplit('.', 1)[-1]}: path {where!r} leads out of the model folder")
+        modules.append((kind.rsplit(".", 1)[-1], where))
+    return modules
 
 
 def st_pooling_modes(config_path: Path) -> List[str]:
@@ -193,39 +236,110 @@ def record_similarity(folder) -> Optional[str]:
     return None
 
 
-def declared_similarity(folder, normalizes: bool) -> str:
-    """``cosine`` or ``dot``: how the model in ``folder`` compares its vectors (the module's rule);
-    :class:`HFFolderError` naming ``config_sentence_transformers.json`` for a similarity the
-    tools cannot search by (euclidean, manhattan)."""
-    if normalizes:
-        return "cosine"
-    recorded = record_similarity(folder)
-    if recorded is not None:
-        return recorded
+def similarity_name(folder) -> Optional[str]:
+    """``config_sentence_transformers.json``'s ``similarity_fn_name`` as the plugin's ``cosine`` or
+    ``dot`` (:data:`SIMILARITY_NAMES`), None when it names none; :class:`HFFolderError` naming the
+    file for a distance (euclidean, manhattan: the tools rank by inner product) or a value that is
+    no similarity's name."""
     path = Path(folder) / ST_CONFIG
     name = _object(path).get("similarity_fn_name")
     if name is None:
-        return "dot"
-    if name not in SIMILARITY_NAMES:
+        return None
+    key = name.lower() if isinstance(name, str) else None
+    if key in DISTANCES:
         raise HFFolderError(
             path,
             f"similarity_fn_name {name!r}: the tools rank by inner product, so by dot product or cosine (a model "
             "that normalises its vectors), not by a distance",
         )
-    return SIMILARITY_NAMES[name]
+    if key not in SIMILARITY_NAMES:
+        raise HFFolderError(
+            path, f"similarity_fn_name {name!r} is not a similarity's name (cosine or dot; euclidean, manhattan)"
+        )
+    return SIMILARITY_NAMES[key]
+
+
+def declared_similarity(folder, normalizes: bool) -> str:
+    """``cosine`` or ``dot``: how the model in ``folder`` compares its vectors (the module's rule);
+    :class:`HFFolderError` naming ``config_sentence_transformers.json`` for a similarity the
+    tools cannot search by (:func:`similarity_name`)."""
+    declared = similarity_name(folder)  # checked whatever decides: a bad file is refused alike
+    if normalizes:
+        return "cosine"
+    recorded = record_similarity(folder)
+    if recorded is not None:
+        return recorded
+    return declared or "dot"
+
+
+def transformer_config(folder) -> Tuple[Path, Dict[str, Any]]:
+    """(path, content) of the Transformer module's configuration: the first of
+    :data:`TRANSFORMER_CONFIGS` present, as sentence-transformers reads it ({} without one)."""
+    folder = Path(folder)
+    for name in TRANSFORMER_CONFIGS:
+        if (folder / name).is_file():
+            return folder / name, _object(folder / name)
+    return folder / TRANSFORMER_CONFIG, {}
+
+
+def _length(value: Any, path: Path, key: str) -> Optional[int]:
+    """A text length a file states: None when absent, else a whole number >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HFFolderError(path, f"{key} {value!r} is not a whole number >= 1")
+    return value
+
+
+def text_cut(folder) -> int:
+    """The longest text, in tokens, sentence-transformers encodes with the model in ``folder`` (its
+    ``max_seq_length``; 0 when nothing limits it), read wherever sentence-transformers keeps it:
+
+    * 3.x - 5.x write it as ``max_seq_length`` in ``sentence_bert_config.json`` (or a legacy
+      ``sentence_<family>_config.json``);
+    * 6.x write it as the tokenizer's ``model_max_length`` (``tokenizer_config.json``) and leave it out
+      of that file;
+    * without either, both take the tokenizer's ``model_max_length`` capped at the model's
+      ``max_position_embeddings`` (a plain HuggingFace folder too).
+
+    A folder whose module configuration sets both ``max_seq_length`` and a different
+    ``model_max_length`` for the tokenizer is cut differently by 3.x - 5.x (the first) and 6.x (the
+    second): refused, :class:`HFFolderError` naming the file.  The import checks the result against
+    the installed sentence-transformers' own reading (``import_check.compare_representation``)."""
+    folder = Path(folder)
+    path, module = transformer_config(folder)
+    given = _length(module.get("max_seq_length"), path, "max_seq_length")
+    kwargs = module.get("processor_kwargs", module.get("tokenizer_args")) or {}
+    tokenizer_arg = _length(kwargs.get("model_max_length"), path, "model_max_length") if isinstance(kwargs, dict) \
+        else None  # fmt: skip
+    if given is not None and tokenizer_arg is not None and given != tokenizer_arg:
+        raise HFFolderError(
+            path,
+            f"max_seq_length {given} and the tokenizer's model_max_length {tokenizer_arg}: sentence-transformers "
+            "before 6 cuts texts at the first, 6 at the second; set one",
+        )
+    if given is not None or tokenizer_arg is not None:
+        return given or tokenizer_arg
+    tokenizer = _object(folder / TOKENIZER_CONFIG).get("model_max_length")
+    positions = _object(folder / "config.json").get("max_position_embeddings")
+    limits = [v for v in (tokenizer, positions) if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(limits) if limits else 0
 
 
 def read_folder(folder) -> Representation:
-    """The representation a model folder declares, for the import: :data:`PAPERS` without
-    ``modules.json``; with it exactly Transformer (the folder itself), Pooling of one mode the
-    plugin has, and optionally Normalize.  :class:`HFFolderError` (``FILE: problem``) for what
-    the import cannot carry: another module (Dense, LayerNorm, ...), a pooling it cannot
-    reproduce (weightedmean, several concatenated), lower-casing done by sentence-transformers
-    rather than by the tokenizer, a default prompt, a distance as similarity."""
+    """The representation a model folder declares, for the import: the papers' [CLS] and dot
+    product without ``modules.json``; with it exactly Transformer (the folder itself), Pooling of
+    one mode the plugin has, and optionally Normalize; in both, the text cut sentence-transformers
+    applies (:func:`text_cut`).  :class:`HFFolderError` (``FILE: problem``) for what the import
+    cannot carry or sentence-transformers would refuse: another module (Dense, LayerNorm, ...) or
+    one from elsewhere, a module path out of the folder, a pooling it cannot reproduce
+    (weightedmean, several concatenated), lower-casing done by sentence-transformers rather than by
+    the tokenizer, a default prompt, embeddings truncated to fewer dimensions, a distance as
+    similarity or a similarity that names none."""
     folder = Path(folder)
     modules = module_list(folder)
     if modules is None:
-        return PAPERS
+        return replace(PAPERS, max_length=text_cut(folder))
     spec = folder / MODULES
     kinds = [k for k, _ in modules]
     others = [f"{k} ({p or '.'})" for k, p in modules if k not in ("Transformer", "Pooling", "Normalize")]
@@ -244,16 +358,14 @@ def read_folder(folder) -> Representation:
             spec, f"the Transformer module is in {modules[0][1]!r}: import that folder's encoder (the import reads "
             "the encoder from the folder itself)",
         )  # fmt: skip
-    transformer = _object(folder / TRANSFORMER_CONFIG)
-    max_length = transformer.get("max_seq_length") or 0
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
-        raise HFFolderError(folder / TRANSFORMER_CONFIG, f"max_seq_length {max_length!r} is not a whole number")
+    config_path, transformer = transformer_config(folder)
     if transformer.get("do_lower_case"):
         raise HFFolderError(
-            folder / TRANSFORMER_CONFIG,
+            config_path,
             "do_lower_case is true: sentence-transformers lower-cases every text before its tokenizer, and the "
             "import carries only what the tokenizer does",
         )
+    max_length = text_cut(folder)
     pooling_path = folder / modules[1][1] / "config.json"
     modes = st_pooling_modes(pooling_path)
     if len(modes) != 1 or modes[0] not in ST_TO_PLUGIN:
@@ -262,12 +374,22 @@ def read_folder(folder) -> Representation:
             f"pooling {' + '.join(modes)}: the plugin pools by one of {', '.join(ST_TO_PLUGIN)} "
             "(models/bottleneck.py), so pre-training could not train this vector",
         )
-    st_config = _object(folder / ST_CONFIG)
-    if st_config.get("default_prompt_name"):
+    st_path = folder / ST_CONFIG
+    st_config = _object(st_path)
+    if st_config.get("default_prompt_name") is not None:
         raise HFFolderError(
-            folder / ST_CONFIG,
+            st_path,
             f"default_prompt_name {st_config['default_prompt_name']!r}: sentence-transformers puts a prompt before "
-            "every text, which pre-training and the retrieval tools do not",
+            "every text (and refuses a name its prompts lack), which pre-training and the retrieval tools do not",
+        )
+    prompts = st_config.get("prompts", {})
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise HFFolderError(st_path, f"prompts must map names to strings, got {prompts!r}")
+    if st_config.get("truncate_dim") is not None:
+        raise HFFolderError(
+            st_path,
+            f"truncate_dim {st_config['truncate_dim']!r}: sentence-transformers keeps only the first dimensions of "
+            "every vector, which the import cannot carry into fairseq",
         )
     similarity = declared_similarity(folder, normalizes=kinds[-1] == "Normalize")
     return Representation(ST_TO_PLUGIN[modes[0]], similarity, max_length)

@@ -76,7 +76,7 @@ unit_interval = _number(float, lambda v: 0 <= v <= 1, "in [0, 1]")
 def add_search_args(p: argparse.ArgumentParser) -> None:
     from . import representations
     from .index import INDEX_PRESETS
-    from .search import PRECISIONS
+    from .precision import PRECISIONS
 
     g = p.add_argument_group("encoding and search")
     g.add_argument("--batch-size", type=positive_int, default=64, help="encoding batch size")

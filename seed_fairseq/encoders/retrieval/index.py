@@ -23,6 +23,22 @@ class SearchError(ValueError):
     that do not fit the dimension, an empty corpus); ``str()`` is one line."""
 
 
+class NonFiniteError(SearchError):
+    """Vectors (or a training loss) holding NaN or an infinity: faiss would drop them silently
+    (-1 ids) and the metrics would read 0.0 as a result; ``str()`` is one line naming the model."""
+
+
+def check_finite(vectors: np.ndarray, what: str, hint: str = "") -> None:
+    """:class:`NonFiniteError` naming ``what`` when rows of ``vectors`` hold NaN or an infinity (every index
+    and search checks what it is given, whatever encoded it)."""
+    bad = int((~np.isfinite(vectors).reshape(len(vectors), -1).all(axis=1)).sum()) if vectors.size else 0
+    if bad:
+        raise NonFiniteError(
+            f"{what}: {bad} of {len(vectors)} vectors hold NaN or infinite values{hint}: a broken model, or one "
+            "whose training diverged, is never searched or scored"
+        )
+
+
 def build_index(
     emb: np.ndarray,
     kind: str = "flat",
@@ -41,6 +57,7 @@ def build_index(
 
     if emb.ndim != 2 or emb.shape[0] == 0:
         raise SearchError("cannot build an index over an empty corpus")
+    check_finite(emb, "the corpus")
     # IVF needs fewer lists than training vectors; shrink rather than fail on small corpora
     nlist = max(1, min(nlist, emb.shape[0] // 39 or 1))
     index = make_index(emb.shape[1], kind, nlist=nlist, pq_m=pq_m, hnsw_m=hnsw_m)
@@ -93,6 +110,7 @@ def search(index: "faiss.Index", queries: np.ndarray, k: int, batch_size: int = 
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, index.ntotal)
+    check_finite(queries, "the queries")
     scores, ids = [], []
     for start in range(0, len(queries), batch_size):
         s, i = index.search(np.ascontiguousarray(queries[start : start + batch_size], dtype=np.float32), k)

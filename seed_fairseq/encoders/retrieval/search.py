@@ -7,13 +7,9 @@ Scores are inner products of the model's vectors, so every index below uses
 the built-in representations at the end of this file).
 """
 
-import contextlib
-import copy
-import json
 import sys
-import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -21,9 +17,11 @@ import torch
 from ...base.retrieval_data import DataFormatError
 from ...base.vocabulary.tokenizer import TokenizerError, broken_json, check_tokenizer_fits
 from ..hf.folder import CONFIG, HFFolderError, check_folder
+from ..hf.folder import check_finite as check_finite_weights
 from ..hf.sentence import SIMILARITIES, declared_similarity, module_list, st_modules
 from . import representations
-from .index import SearchError, build_index, make_index, search, to_run
+from .index import SearchError, build_index, check_finite, make_index, search, to_run
+from .precision import PRECISIONS, autocast, quantized_int8
 from .representations import Representation
 
 if TYPE_CHECKING:
@@ -38,44 +36,8 @@ def pick_device(device: Optional[str] = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# --precision: what encoding computes in (training's own precision is FinetuneConfig's business)
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-
-
-def autocast(device: str, precision: str) -> ContextManager:
-    """The autocast context of ``precision`` on ``device``.
-
-    CUDA: fp16 / bf16 autocast. CPU: bf16 autocast (matmuls in bfloat16, which CPUs
-    with AVX512-BF16 / AMX run several times faster; softmax and LayerNorm stay fp32);
-    fp16 runs fp32 on the CPU (no fast fp16 matmul there). fp32 and int8: none.
-    """
-    device = str(device)
-    if precision == "bf16" and device.startswith("cpu"):
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    if precision not in ("fp16", "bf16") or not device.startswith("cuda"):
-        return contextlib.nullcontext()
-    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
-    return torch.autocast("cuda", dtype=dtype)
-
-
-def quantized_int8(model: "SentenceTransformer") -> "SentenceTransformer":
-    """A copy of ``model`` whose Linear layers are dynamically quantised to int8 (CPU only).
-
-    ``torch.ao.quantization.quantize_dynamic``: int8 weights, activations quantised
-    per batch on the fly; embeddings, LayerNorm and attention softmax stay fp32.
-    """
-    if model.device.type != "cpu":
-        raise SearchError(
-            f"--precision int8 (dynamic int8 quantisation) runs on the CPU only, the model is on {model.device}; "
-            "use fp16 or bf16 there"
-        )
-    was_training = model.training
-    copy_ = copy.deepcopy(model).eval()
-    model.train(was_training)
-    with warnings.catch_warnings():
-        # torch >= 2.10 deprecates eager quantized tensors (torchao is the successor); they still work
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-        return torch.ao.quantization.quantize_dynamic(copy_, {torch.nn.Linear}, dtype=torch.qint8)
+# where load_model notes the folder a model came from (messages about its vectors name it)
+FOLDER_ATTR = "seed_fairseq_folder"
 
 
 def load_model(
@@ -103,6 +65,7 @@ def load_model(
         raise DataFormatError(folder, None, "model folder not found")
     if not folder.is_dir():
         raise DataFormatError(folder, None, "not a folder (expected an exported or sentence-transformers model)")
+    # modules.json vetted (hf.sentence.module_list: sentence-transformers' own classes, paths inside the folder)
     encoder = transformer_folder(folder)
     if encoder is not None and (encoder / CONFIG).is_file():
         try:
@@ -122,10 +85,18 @@ def load_model(
             folder, None, f"cannot load a model from this folder: {lines[0] if lines else type(e).__name__}"
         ) from None
     check_vocabulary(model, encoder or folder)
+    try:
+        check_finite_weights(model.named_parameters(), encoder or folder)
+    except HFFolderError as e:
+        raise DataFormatError(e.path, None, e.problem) from None
+    limit = position_limit(model)
+    if not max_seq_length and limit is not None and (model.max_seq_length or limit) > limit:
+        # sentence-transformers caps the tokenizer's length at max_position_embeddings, which for
+        # RoBERTa-style models is 2 rows more than the tokens they take (position_limit)
+        model.max_seq_length = limit
     if max_seq_length:
         if max_seq_length < 1:
             raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
-        limit = position_limit(model)
         if limit is not None and max_seq_length > limit:
             # more tokens than position embeddings: an index error deep in the
             # model on the first long text; the model cannot read further anyway
@@ -136,26 +107,19 @@ def load_model(
             )
             max_seq_length = limit
         model.max_seq_length = max_seq_length
-    return (chosen or representations.of_folder(folder)).load(model, folder, sparse_top_k)
+    model = (chosen or representations.of_folder(folder)).load(model, folder, sparse_top_k)
+    setattr(model, FOLDER_ATTR, str(folder))
+    return model
 
 
 def transformer_folder(folder: Path) -> Optional[Path]:
     """The folder of the model's transformers module: the one ``modules.json`` names
     (usually the folder itself), the folder itself without ``modules.json`` (a plain
     HuggingFace folder), None when no module is a Transformer (static embeddings)."""
-    spec_path = folder / "modules.json"
-    if not spec_path.is_file():
+    modules = module_list_or_none(folder)
+    if modules is None:
         return folder
-    try:
-        spec = json.loads(spec_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DataFormatError(spec_path, None, f"not JSON ({e})") from None
-    if not isinstance(spec, list) or not all(isinstance(m, dict) for m in spec):
-        raise DataFormatError(spec_path, None, "not a list of sentence-transformers modules")
-    for module in spec:
-        if str(module.get("type", "")).endswith("Transformer"):
-            return folder / str(module.get("path", ""))
-    return None
+    return next((folder / path for kind, path in modules if kind == "Transformer"), None)
 
 
 def check_vocabulary(model: "SentenceTransformer", folder: Path) -> None:
@@ -259,8 +223,8 @@ def encode(
     """float32 C-contiguous embeddings (what faiss wants), in the order of ``texts``.
 
     The texts are encoded in batches of similar token counts (``length_order``)
-    under ``torch.inference_mode``, in ``precision`` (see ``autocast`` and
-    ``quantized_int8``). Batches go through the model's own preprocessing and
+    under ``torch.inference_mode``, in ``precision`` (``precision.py``: autocast,
+    dynamic int8). Batches go through the model's own preprocessing and
     forward, as in ``SentenceTransformer.encode``; in fp32 the result does not
     depend on the order of the batches (``sort_by_length=False`` keeps the input
     order, tested).
@@ -295,7 +259,14 @@ def encode(
                 bar.update(len(rows))
     finally:
         model.train(was_training)
+    check_vectors(model, out, desc, precision)
     return out
+
+
+def check_vectors(model: "SentenceTransformer", vectors: np.ndarray, desc: str, precision: str) -> None:
+    """``index.check_finite`` naming the model's folder (and ``precision``, an overflow's suspect)."""
+    hint = "" if precision in ("fp32", "int8") else f" (encoded in {precision}: try --precision fp32)"
+    check_finite(vectors, f"{getattr(model, FOLDER_ATTR, None) or 'the model'} ({desc})", hint)
 
 
 def make_retriever(model: "SentenceTransformer", corpus: Dict[str, str], **kwargs) -> "Retriever":

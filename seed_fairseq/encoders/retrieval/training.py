@@ -74,11 +74,13 @@ from .batching import (
 )
 from .config import FinetuneConfig
 from .curve import CurveEvaluator, ProgressLog
+from .index import NonFiniteError
 from .negatives import mine_bm25, mine_dense
-from .search import length_source, load_model, similarity
+from .search import FOLDER_ATTR, length_source, load_model, similarity
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+    from torch.utils.hooks import RemovableHandle
 TOOL = "examples/retrieval/finetune.py"
 RECORD = "finetune.json"  # this tool's record in OUT: the files it may replace
 OUT_TOOL = "finetune.py"  # how messages about OUT name the tool
@@ -116,6 +118,30 @@ def make_loss(model: "SentenceTransformer", cfg: FinetuneConfig) -> torch.nn.Mod
     return MultipleNegativesRankingLoss(
         model, scale=loss_scale(model, cfg), similarity_fct=util.cos_sim if cosine else util.dot_score
     )
+
+
+def diverged(model: "SentenceTransformer", problem: str, cfg: FinetuneConfig) -> NonFiniteError:
+    where = getattr(model, FOLDER_ATTR, None) or "the model"
+    return NonFiniteError(
+        f"{where}: fine-tuning diverged: {problem} (learning rate {cfg.lr:g}); nothing is saved or scored: try a "
+        "lower learning rate"
+    )
+
+
+def stop_when_diverged(
+    model: "SentenceTransformer", loss: torch.nn.Module, cfg: FinetuneConfig, amp: bool
+) -> "RemovableHandle":
+    """A forward hook on ``loss`` (one call per training step) that raises :class:`NonFiniteError` at the
+    first loss that is NaN or infinite; with AMP only the weights are checked (``finetune``), since
+    its gradient scaler skips the steps whose fp16 loss overflowed.  Returns the handle."""
+    step = [0]
+
+    def hook(module, inputs, output) -> None:
+        step[0] += 1
+        if not amp and not bool(torch.isfinite(output.detach()).all()):
+            raise diverged(model, f"the loss is {float(output.detach())} at step {step[0]}", cfg)
+
+    return loss.register_forward_hook(hook)
 
 
 def seed_everything(seed: int) -> None:
@@ -167,6 +193,7 @@ def finetune(
             if r == 0:
                 evaluator.evaluate_at(model, 0)
         watching = ProgressLog().watch(loss, steps, r, rounds)
+        guard = stop_when_diverged(model, loss, cfg, use_amp)
         try:
             model.old_fit(
                 train_objectives=[(loader, loss)],
@@ -185,6 +212,10 @@ def finetune(
             )
         finally:
             watching.remove()
+            guard.remove()
+        bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+        if bad:
+            raise diverged(model, f"weights hold NaN or infinite values after round {r + 1} ({bad[0]})", cfg)
         total_steps += steps
     return {
         "train_queries": len(qids),

@@ -28,6 +28,7 @@ from typing import Any, Callable, List, Optional
 from ...base.fileio import OutputError, check_apart, check_out_path
 from ...base.retrieval_data import DataFormatError, has_split, load_data
 from ...encoders.hf.folder import HFFolderError
+from ...encoders.hf.sentence import read_folder
 from ...encoders.retrieval.cli import nonneg_int, positive_float, positive_int, report, seed_int
 from ...encoders.retrieval.config import add_config_args, config_from_args
 from ...encoders.retrieval.metrics import check_depth
@@ -83,8 +84,9 @@ def add_options(p: argparse.ArgumentParser, add_objective: Callable[[argparse.Ar
         f"{defaults.HELDOUT_SHARE:.0%}% of them, {defaults.MIN_HELDOUT_DOCS} to {defaults.MAX_HELDOUT_DOCS})",
     )
     g.add_argument("--max-seq-length", type=positive_int, default=None,
-                   help=f"tokens per text in evaluation and fine-tuning (default: {defaults.MAX_SEQ_LENGTH}, "
-                   "or the model's positions if fewer)")  # fmt: skip
+                   help="tokens per text in evaluation and fine-tuning (default: the model's own, sentence-"
+                   "transformers' max_seq_length: 256 for all-MiniLM-L6-v2; its positions for a plain HuggingFace "
+                   "folder)")  # fmt: skip
     g.add_argument("--k", type=positive_int, default=defaults.K, help="documents ranked per query")
     g.add_argument("--resamples", type=positive_int, default=defaults.RESAMPLES, help="permutation test resamples")
     g = p.add_argument_group("continued pre-training")
@@ -190,7 +192,11 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
         )
     if tps < 8:
         raise ValueError("--tokens-per-sample must be >= 8")
-    max_seq = args.max_seq_length or min(defaults.MAX_SEQ_LENGTH, positions)
+    try:  # the model's own cut (sentence-transformers' max_seq_length): the model as given is scored at it
+        own_cut = read_folder(model).seq_length(positions)
+    except HFFolderError as e:
+        raise OutputError(e.path, e.problem) from None
+    max_seq = args.max_seq_length or own_cut
     if max_seq > positions:
         raise ValueError(f"--max-seq-length {max_seq} is more than the model's {positions} positions")
     warmup = round(defaults.WARMUP_SHARE * args.updates) if args.warmup is None else args.warmup

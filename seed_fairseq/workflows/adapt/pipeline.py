@@ -74,7 +74,7 @@ EVALUATION = ("retrieval_dev", "test_split", "k", "max_seq_length", "pretrain.gp
               "finetune.index")  # fmt: skip
 FINETUNING = (*EVALUATION, "finetune", "seed")
 # what the round-trip check reads besides --model: the texts it compares on and how they are encoded
-ROUNDTRIP = ("retrieval_dev", "test_split", "max_seq_length", "pretrain.gpu")
+ROUNDTRIP = ("retrieval_dev", "test_split", "pretrain.gpu")
 
 # How the stages read the plan (preprocess.stages.PlanReads): the fields no product depends
 # on, and the fields that are the paths of the external inputs (their content is read too).
@@ -328,7 +328,7 @@ class Adaptation(Training):
             torch.set_num_threads(self.plan.threads)
             p = self.plan
             test = load_data(self.eval_set, p.test_split)
-            check = export_and_compare(self.imported, p.model, self.roundtrip_dir, test, p.device, p.max_seq_length)
+            check = export_and_compare(self.imported, p.model, self.roundtrip_dir, test, p.device)
             log("the import -> export round trip " + ("reproduces" if check["exact"] else "does NOT reproduce")
                 + f" the model: max abs difference {check['max_abs_diff']} on {check['texts']} texts")  # fmt: skip
             return check

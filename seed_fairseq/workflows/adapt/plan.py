@@ -62,8 +62,6 @@ GENERATOR_SHARE = 0.5  # SimLM: updates of the generator's head, trained on the 
 HELDOUT_SHARE = 0.2
 MAX_HELDOUT_DOCS = 400  # the comparison's standard preset derives its set from 400 documents
 MIN_HELDOUT_DOCS = 6  # derive_retrieval_set's test, dev and train splits need a few documents each
-# Evaluation and fine-tuning length: passages of a few sentences fit; 512 costs ~3x on a CPU.
-MAX_SEQ_LENGTH = 256
 K = 100  # ranked documents per query: enough for R@100
 RESAMPLES = 10000  # the paired permutation test's resamples
 

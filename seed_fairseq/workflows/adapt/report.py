@@ -90,6 +90,11 @@ def collect(ad, results: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def cut_by(plan) -> str:
+    """Who chose where texts are cut in evaluation and fine-tuning: the user, or the model as given."""
+    return "--max-seq-length" if plan.settings.get("max_seq_length") else "the model's own max_seq_length"
+
+
 def finetune_settings(results: Dict[str, Any]) -> Dict[str, Any]:
     """The fine-tuning both models had, as their stages recorded it: the report says "both models
     alike" only when the two records agree (data, every setting, the seed).  Their stages declare
@@ -107,6 +112,7 @@ def _evaluation(ad, results, test) -> Dict[str, Any]:
         "queries": len([q for q in test.query_ids() if test.positives(q)]),
         "passages": len(test.corpus),
         "max_seq_length": p.max_seq_length,
+        "cut_by": cut_by(p),
         "resamples": p.resamples,
     }
     if p.derived:
@@ -191,7 +197,8 @@ def markdown(data: Dict[str, Any]) -> str:
         f"{ev['design']}. The original model is `--model` as given, scored as the retrieval tools score it (in "
         f"the representation its folder declares: {(data.get('roundtrip') or {}).get('given', '-')}); the adapted "
         "one is `model/`, pre-trained, validated and exported in that same representation; texts cut at "
-        f"{ev['max_seq_length']} tokens. p: two-sided paired permutation test over the queries "
+        f"{ev['max_seq_length']} tokens ({ev.get('cut_by', '--max-seq-length')}). p: two-sided paired permutation "
+        "test over the queries "
         f"({ev['resamples']} resamples, exact for <= 16 queries) against the row named in 'compared with'. "
         f"{statement(data.get('roundtrip') or {})}\n"
     )

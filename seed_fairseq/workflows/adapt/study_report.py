@@ -22,7 +22,7 @@ from ..kit.objectives import OBJECTIVES
 from ..kit.roundtrip import first_sentence, statement
 from ..kit.stats import document_p, fmt_p, mean_std, paired_p
 from .plan import REPORT_FILES
-from .report import METRICS, save_png
+from .report import METRICS, cut_by, save_png
 
 ALPHA = 0.05
 SETTINGS = ("updates", "batch_size", "tokens_per_sample", "lr", "warmup")
@@ -90,6 +90,7 @@ def collect(study, results: Dict[str, Any]) -> Dict[str, Any]:
             "heldout_documents": results.get("split", {}).get("heldout"),
             "documents": results.get("split", {}).get("documents"),
             "max_seq_length": p.max_seq_length,
+            "cut_by": cut_by(p),
             "resamples": p.resamples,
             "finetune": {k: getattr(p.finetune, k) for k in ("negatives", "loss", "epochs", "batch_size", "lr")},
         },
@@ -194,7 +195,8 @@ def markdown(data: Dict[str, Any]) -> str:
         "pre-training (every paragraph a passage; one sentence of each paragraph of >= 3 sentences, removed from "
         f"it, a query; queries split by document); every model in the representation of the model as given "
         f"({roundtrip.get('given', '-')}: the original `--model` itself, each cell pre-trained, validated and "
-        f"exported in it), texts cut at {ev['max_seq_length']} tokens. {statement(roundtrip)}",
+        f"exported in it), texts cut at {ev['max_seq_length']} tokens ({ev.get('cut_by', '--max-seq-length')}). "
+        f"{statement(roundtrip)}",
         f"* Continued pre-training (every cell): {pre['updates']} updates of {pre['batch_size']} blocks of "
         f"{pre['tokens_per_sample']} tokens, lr {pre['lr']} ({pre['warmup']} warm-up updates, linear decay); the "
         "last checkpoint is evaluated.",

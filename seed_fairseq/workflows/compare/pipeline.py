@@ -187,7 +187,7 @@ class Comparison(Layout):
                 self.stage(
                     "roundtrip",
                     self.stage_roundtrip,
-                    ("init", "retrieval_data", "test_split", "max_seq_length", "pretrain.gpu"),
+                    ("init", "retrieval_data", "test_split", "pretrain.gpu"),
                     reads=("import", *rreads),
                     folder="roundtrip",
                     writes=OWN_RECORD,
@@ -327,8 +327,7 @@ class Comparison(Layout):
         p = self.plan
         torch.set_num_threads(p.threads)
         test = load_data(self.retrieval_dir, p.test_split)
-        check = export_and_compare(self.out / "import", p.init, self.out / "roundtrip", test, p.device,
-                                   p.max_seq_length)  # fmt: skip
+        check = export_and_compare(self.out / "import", p.init, self.out / "roundtrip", test, p.device)
         return {"seconds": time.time() - t0, **check}
 
     def stage_generator(self, results) -> dict:

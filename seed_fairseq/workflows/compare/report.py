@@ -282,7 +282,8 @@ def markdown(comp, data: Dict[str, Any]) -> str:
     add(
         f"* Fine-tuning (every model alike): {p.finetune.negatives} hard negatives + in-batch negatives, "
         f"{p.finetune.loss} loss, {p.finetune.epochs} epochs, batch {p.finetune.batch_size}, lr {p.finetune.lr}, "
-        f"max {p.max_seq_length} tokens, seed = the pre-training seed (every objective of a seed fine-tunes on "
+        f"{f'max {p.max_seq_length} tokens' if p.max_seq_length else 'texts cut at each model’s own max_seq_length'}, "
+        "seed = the pre-training seed (every objective of a seed fine-tunes on "
         "the same subset of queries); 'fine-tuned' is the run on "
         f"{fraction_label(max(p.fractions))}% of the training queries."
     )

@@ -5,7 +5,9 @@ study) start pre-training from its import; the model they compare with is the us
 folder, loaded as it is.  This stage exports the import unchanged (``OUT/roundtrip/``) and
 compares the vectors both folders give the retrieval tools (each in the representation
 its folder declares, ``retrieval.search.load_model``: pooled, normalised when it compares
-by cosine) on a sample of the evaluation's texts, in fp32, cut at the evaluation's length.
+by cosine, each text cut where the folder cuts it) on a sample of the evaluation's texts and
+one longer than any cut, in fp32.  The round trip is exact only when both are the same kind of
+retriever (modules, similarity, text cut) and their vectors agree.
 The reports say in their first sentence when the round trip is not exact (a model whose
 modules the import cannot carry never gets here: it is refused before anything is written).
 """
@@ -28,7 +30,8 @@ def sample_texts(data, n: int = SAMPLE) -> List[str]:
 
 
 def describe(model) -> str:
-    """``Transformer -> Pooling(mean) -> Normalize, cosine``: a loaded model's modules and similarity."""
+    """``Transformer -> Pooling(mean) -> Normalize, cosine, max 256 tokens``: a loaded model's modules,
+    similarity and text cut."""
     from ...encoders.retrieval import representations
     from ...encoders.retrieval.search import similarity
 
@@ -38,19 +41,20 @@ def describe(model) -> str:
         mode = getattr(module, "pooling_mode", None)
         parts.append(f"{name}({mode})" if isinstance(mode, str) else name)
     rep = representations.of_model(model).name
-    return " -> ".join(parts) + f", {similarity(model)}" + ("" if rep == representations.BUILT_IN else f" ({rep})")
+    cut = f", max {model.max_seq_length} tokens"
+    return " -> ".join(parts) + f", {similarity(model)}{cut}" + ("" if rep == representations.BUILT_IN else f" ({rep})")
 
 
-def compare_folders(
-    given: Path, written: Path, texts: Sequence[str], device: str, max_seq_length: int
-) -> Dict[str, Any]:
-    """The vectors of the model folder ``given`` and of its round trip ``written`` on ``texts``:
-    ``exact`` when they are the same kind of retriever (modules, similarity) and agree to
+def compare_folders(given: Path, written: Path, texts: Sequence[str], device: str) -> Dict[str, Any]:
+    """The vectors of the model folder ``given`` and of its round trip ``written`` on ``texts`` and on
+    their concatenation (longer than any cut), each folder cutting texts where it says: ``exact``
+    when they are the same kind of retriever (modules, similarity, text cut) and agree to
     :data:`ATOL`."""
     from ...encoders.retrieval.search import encode, load_model
 
-    models = [load_model(str(f), device, max_seq_length) for f in (given, written)]
+    models = [load_model(str(f), device) for f in (given, written)]
     kinds = [describe(m) for m in models]
+    texts = [*texts, " ".join(texts)] if texts else []
     vectors = [encode(m, list(texts), batch_size=32, precision="fp32", show_progress=False) for m in models]
     if vectors[0].shape != vectors[1].shape:
         diff = math.inf
@@ -58,7 +62,7 @@ def compare_folders(
         diff = float(abs(vectors[0] - vectors[1]).max()) if len(texts) else 0.0
     return {
         "texts": len(texts),
-        "max_seq_length": max_seq_length,
+        "max_seq_length": [m.max_seq_length for m in models],  # the given folder's cut, the round trip's
         "max_abs_diff": diff if math.isfinite(diff) else None,
         "given": kinds[0],
         "round_trip": kinds[1],
@@ -66,9 +70,7 @@ def compare_folders(
     }
 
 
-def export_and_compare(
-    imported: Path, given: Path, out: Path, data, device: str, max_seq_length: int
-) -> Dict[str, Any]:
+def export_and_compare(imported: Path, given: Path, out: Path, data, device: str) -> Dict[str, Any]:
     """Export the import folder's checkpoint unchanged to ``out`` (the model's own representation)
     and compare it with ``given`` on :func:`sample_texts` of ``data``; :class:`StageError` when the
     export fails."""
@@ -80,7 +82,7 @@ def export_and_compare(
         export(imported / CHECKPOINT, imported, out, force=True, representation="own")
     except ExportError as e:
         raise StageError(out, f"export failed: {e}") from None
-    return compare_folders(given, out, sample_texts(data), device, max_seq_length)
+    return compare_folders(given, out, sample_texts(data), device)
 
 
 def first_sentence(check: Dict[str, Any], model: str) -> str:
