@@ -9,13 +9,28 @@ patch cannot help (fairseq is imported before any ``--user-dir``), so the instal
 each of those import lines becomes, on the same line (line numbers and CRLF endings kept), a name that
 imports on first use. Idempotent; a file whose lines are not the expected ones is left as it is and
 named. ``python -m seed_fairseq.pretrain.fairseq_patches.lazy_metrics`` (finds fairseq without
-importing it).
+importing it, the way ``import fairseq`` would).
+
+Only the venv the install targets is edited: the files are written only when they lie, resolved, in the
+running interpreter's own site-packages (``sysconfig``'s ``purelib``/``platlib`` of ``sys.prefix``).  A
+fairseq found elsewhere (a ``PYTHONPATH`` entry, an editable checkout, the system's packages), a file that
+is a symbolic link (never written through), or one that cannot be written (read-only file, folder or file
+system) is left as it is, with one line saying why, and the exit status stays 0: a slower start is not a
+broken install.  A file is replaced atomically (a hidden temporary file beside it, then a rename; none is
+left behind on a failure) and keeps its permission bits and owner.
 """
 
+import contextlib
+import errno
 import importlib.util
+import os
+import stat
 import sys
+import sysconfig
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
+
+from ...base.fileio import fsync_dir, temp_path_beside
 
 MARK = "# seed_fairseq: imported on first use (setup_env.sh)"
 
@@ -54,10 +69,89 @@ def rewrite(text: str, edits: Dict[str, str]) -> str:
 
 
 def fairseq_folder() -> Path:
+    """The folder ``import fairseq`` would load, as the interpreter finds it (not resolved)."""
     spec = importlib.util.find_spec("fairseq")  # a top-level package: found, not imported
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("fairseq is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(os.path.abspath(list(spec.submodule_search_locations)[0]))
+
+
+def site_packages() -> List[Path]:
+    """The running interpreter's own site-packages (the venv the install targets), resolved."""
+    paths = sysconfig.get_paths()
+    return sorted({Path(os.path.realpath(paths[key])) for key in ("purelib", "platlib")})
+
+
+def _outside(path: Path, sites: Sequence[Path]) -> Optional[str]:
+    """Why ``path`` (resolved) is not one of ours to edit, or None."""
+    real = Path(os.path.realpath(path))
+    if any(site in real.parents for site in sites):  # Path.is_relative_to needs Python 3.9
+        return None
+    where = ", ".join(str(site) for site in sites)
+    return f"not in this venv's site-packages ({where})"
+
+
+def replace_keeping_mode(path: Path, data: bytes) -> None:
+    """``path`` replaced by ``data`` atomically, with its permission bits and owner; OSError when a step
+    cannot be done (``path`` then unchanged, no temporary file left)."""
+    st = path.stat()
+    tmp = temp_path_beside(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        mine = tmp.stat()
+        if (mine.st_uid, mine.st_gid) != (st.st_uid, st.st_gid):
+            os.chown(tmp, st.st_uid, st.st_gid)
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))  # after chown, which may clear set-id bits
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def edit(root: Path, sites: Sequence[Path]) -> int:
+    """Edit the fairseq in ``root`` when it lies in one of ``sites``; one line for each file left as it
+    is.  Returns how many files were left."""
+    why = _outside(root, sites)
+    if why is not None:
+        print(f"fairseq: {root}: {why}; left as it is")
+        return len(EDITS)
+    left = 0
+    for name, edits in EDITS.items():
+        path = root / name
+        why = _edit_file(path, edits, sites)
+        if why is not None:
+            print(f"fairseq: {path}: {why}; left as it is")
+            left += 1
+    return left
+
+
+def _edit_file(path: Path, edits: Dict[str, str], sites: Sequence[Path]) -> Optional[str]:
+    """Why ``path`` was left as it is, or None (edited, or edited before)."""
+    if path.is_symlink():
+        return "a symbolic link (never written through)"
+    why = _outside(path, sites)
+    if why is not None:
+        return why
+    path = Path(os.path.realpath(path))  # its folders may be reached through a link
+    try:
+        text = path.read_bytes().decode("utf-8")
+        new = rewrite(text, edits)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"cannot read it: {e.strerror}" if isinstance(e, OSError) and e.strerror else str(e)
+    if new == text:
+        return None
+    try:
+        if not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, "the file is read-only")
+        replace_keeping_mode(path, new.encode("utf-8"))
+    except OSError as e:
+        return f"cannot write it: {e.strerror or e}"
+    return None
 
 
 def main() -> int:
@@ -66,21 +160,7 @@ def main() -> int:
     except FileNotFoundError as e:
         print(f"fairseq: {e}; nothing edited", file=sys.stderr)
         return 0
-    left = []
-    for name, edits in EDITS.items():
-        path = root / name
-        try:
-            text = path.read_bytes().decode("utf-8")
-            new = rewrite(text, edits)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            print(f"fairseq: {path}: left as it is ({e})")
-            left.append(name)
-            continue
-        if new != text:
-            tmp = path.with_name(path.name + ".seed_fairseq.tmp")
-            tmp.write_bytes(new.encode("utf-8"))
-            tmp.replace(path)
-    if not left:
+    if not edit(root, site_packages()):
         print("fairseq: scikit-learn and scipy.stats imported on first use (fairseq_patches/lazy_metrics.py)")
     return 0  # an unexpected fairseq is slower to start, not broken: the install goes on
 
