@@ -1,5 +1,6 @@
 """A rerun resumes the run's own newest readable checkpoint, also when the run starts from
-``--finetune-from-model`` (issue 32, item 7).
+``--finetune-from-model`` (issue 32, item 7); a continued run trains the vector its checkpoint
+records, or records the switch (issue 43, D).
 
 fairseq loads the start model whenever ``checkpoint_last.pt`` is missing: after a full disk
 that cost ``checkpoint_last.pt``, the rerun of adapt (or of any ``--init`` stage) trained from
@@ -12,10 +13,15 @@ import hashlib
 
 import pytest
 import torch
-from helpers import TINY_MODEL_ARGS, parse_argv
+from helpers import REPO, TINY_MODEL_ARGS, check, parse_argv, run, train_cmd
+from objectives import BY_NAME, OBJECTIVES
+
+from seed_fairseq.pretrain.checkpoint import CheckpointError, load_torch_file, peek_checkpoint
+from seed_fairseq.pretrain.checkpoint_records import REPRESENTATION_CHANGES
+from seed_fairseq.pretrain.tasks.identity import POSITIONS_KEY
 
 
-def build(data, save_dir, start):
+def build(data, save_dir, start, *extra):
     """cfg, Trainer of fairseq-train's command ``--finetune-from-model START --save-dir SAVE_DIR``."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -29,7 +35,7 @@ def build(data, save_dir, start):
             + [*TINY_MODEL_ARGS, "--tokens-per-sample", "32", "--batch-size", "4", "--cpu", "--seed", "1"]
             + ["--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--num-workers", "0"]
             + ["--save-dir", str(save_dir), "--save-interval-updates", "2", "--no-epoch-checkpoints"]
-            + ["--finetune-from-model", str(start), "--disable-validation"],
+            + ["--finetune-from-model", str(start), "--disable-validation", *extra],
         ),
     )
     cfg = convert_namespace_to_omegaconf(ns)
@@ -104,3 +110,141 @@ def test_unreadable_checkpoints_are_refused_not_overwritten(run_dir):
     with pytest.raises(CheckpointError, match=r"no readable checkpoint to resume from .*checkpoint_1_2\.pt"):
         checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
     assert (save / "checkpoint_1_2.pt").stat().st_size == 1000
+
+
+# ---------------------------------------------------------------------------
+# the vector a continued run trains (issue 43, D)
+# ---------------------------------------------------------------------------
+
+MEAN_COSINE = ["--bottleneck-pooling", "mean", "--retrieval-similarity", "cosine", "--retrieval-max-length", "24"]
+MEAN_COSINE_RECORD = {
+    "bottleneck_pooling": "mean",
+    "retrieval_similarity": "cosine",
+    "bottleneck_unnormalized": False,
+    "retrieval_max_length": 24,
+}
+PAPERS_RECORD = {
+    "bottleneck_pooling": "cls",
+    "retrieval_similarity": "dot",
+    "bottleneck_unnormalized": False,
+    "retrieval_max_length": 0,
+}
+ASKED = (
+    "but this run asks for --bottleneck-pooling cls --retrieval-similarity dot --retrieval-max-length 0: continuing it "
+    "so would switch the objective and what the export writes; pass the checkpoint's options, or "
+    "--allow-representation-change to switch (recorded in the checkpoints)"
+)
+TRAINED = "trained with --bottleneck-pooling mean --retrieval-similarity cosine --retrieval-max-length 24, "
+
+
+def task_of(obj, data, *extra):
+    """The task of ``obj``'s fairseq-train command (the kit's builder) plus ``extra``, set up by fairseq
+    (no model: the check reads the checkpoint and the task's options; SimLM's generator is not read)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = obj.args(**{fixture: "generator.pt" for _, fixture in obj.needs})
+    ns = options.parse_args_and_arch(
+        options.get_training_parser(), parse_argv(data, [*args, "--tokens-per-sample", "48", "--cpu", *extra])
+    )
+    return tasks.setup_task(convert_namespace_to_omegaconf(ns).task)
+
+
+def recorded(task, updates=7, positions=48) -> dict:
+    """What a checkpoint of ``task``'s run records after ``updates`` updates (its config, task state, positions)."""
+    table = torch.zeros(positions + task.source_dictionary.pad() + 1, 4)
+    return {
+        "cfg": {"task": task.cfg},
+        "model": {POSITIONS_KEY: table},
+        "optimizer_history": [{"num_updates": updates}],
+        "task_state": task.state_dict(),
+    }
+
+
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=[o.name for o in OBJECTIVES])
+def test_a_continued_run_keeps_the_checkpoints_vector_or_records_the_switch(obj, demo_data_bin):
+    """Every objective: a checkpoint of a mean/cosine run continued with cls/dot is refused naming both
+    settings; --allow-representation-change switches and records it, and later continuations keep the record."""
+    ckpt = "run/checkpoint_last.pt"
+    state = recorded(task_of(obj, demo_data_bin, *MEAN_COSINE))
+    same = task_of(obj, demo_data_bin, *MEAN_COSINE)
+    same.check_continuation(state, ckpt)
+    assert REPRESENTATION_CHANGES not in same.state_dict()
+    with pytest.raises(CheckpointError) as refused:
+        task_of(obj, demo_data_bin).check_continuation(state, ckpt)
+    assert str(refused.value) == f"{ckpt}: {TRAINED}{ASKED}"
+    switched = task_of(obj, demo_data_bin, "--allow-representation-change")
+    switched.check_continuation(state, ckpt)
+    record = [{"update": 7, "checkpoint": ckpt, "from": MEAN_COSINE_RECORD, "to": PAPERS_RECORD}]
+    assert switched.state_dict()[REPRESENTATION_CHANGES] == record
+    later = task_of(obj, demo_data_bin)  # the switched run's own checkpoint, resumed unchanged
+    later.check_continuation(recorded(switched, updates=9), ckpt)
+    assert later.state_dict()[REPRESENTATION_CHANGES] == record
+
+
+def test_what_counts_as_another_vector(demo_data_bin):
+    """0.1's checkpoint records none (the papers' cls / dot); a text length is compared as the export
+    cuts it; what the bottleneck reads (--bottleneck-unnormalized) only for a checkpoint that trained."""
+    seed = BY_NAME["seed"]
+    old = peek_checkpoint(REPO / "tests" / "fixtures" / "seed_fairseq_0.1" / "checkpoint_1_3.pt")
+    task_of(seed, demo_data_bin).check_continuation(old, "old.pt")
+    with pytest.raises(
+        CheckpointError,
+        match=r"^old.pt: trained with --bottleneck-pooling cls .* --retrieval-max-len"
+        r"gth 0 \(it records none: the papers' default\), but this run asks for --bottleneck-pooling mean",
+    ):
+        task_of(seed, demo_data_bin, "--bottleneck-pooling", "mean").check_continuation(old, "old.pt")
+    papers = recorded(task_of(seed, demo_data_bin), positions=48)
+    task_of(seed, demo_data_bin, "--retrieval-max-length", "48").check_continuation(papers, "p.pt")  # the same cut
+    with pytest.raises(CheckpointError, match="but this run asks for .* --retrieval-max-length 47:"):
+        task_of(seed, demo_data_bin, "--retrieval-max-length", "47").check_continuation(papers, "p.pt")
+    cosine = ["--retrieval-similarity", "cosine"]
+    unnormalized = task_of(seed, demo_data_bin, *cosine, "--bottleneck-unnormalized")
+    unnormalized.check_continuation(recorded(task_of(seed, demo_data_bin, *cosine), updates=0), "import.pt")
+    with pytest.raises(CheckpointError, match="asks for .* --retrieval-max-length 0 --bottleneck-unnormalized:"):
+        unnormalized.check_continuation(recorded(task_of(seed, demo_data_bin, *cosine), updates=3), "trained.pt")
+
+
+def test_finetune_from_a_checkpoint_of_another_vector(demo_data_bin, tmp_path):
+    """Through fairseq's own load_checkpoint and Trainer: --finetune-from-model of a mean/cosine checkpoint
+    (an import's, 0 updates) continues with its options, is refused with others, and with
+    --allow-representation-change the checkpoints the run writes record the switch."""
+    from fairseq import checkpoint_utils
+
+    start = tmp_path / "start.pt"
+    cfg, trainer = build(demo_data_bin, tmp_path / "other", start, *MEAN_COSINE)
+    trainer.consolidate_optimizer()
+    trainer.save_checkpoint(str(start), {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "version": 2}})
+    cfg, trainer = build(demo_data_bin, tmp_path / "same", start, *MEAN_COSINE)
+    checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)  # what adapt / compare --init run
+    cfg, trainer = build(demo_data_bin, tmp_path / "other_vector", start)
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    assert str(refused.value) == f"{start}: {TRAINED}{ASKED}"
+    cfg, trainer = build(demo_data_bin, tmp_path / "switched", start, "--allow-representation-change")
+    checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    trainer.consolidate_optimizer()
+    trainer.save_checkpoint(str(tmp_path / "switched.pt"), {"train_iterator": {"epoch": 1, "version": 2}})
+    changes = load_torch_file(tmp_path / "switched.pt")["task_state"][REPRESENTATION_CHANGES]
+    assert changes == [{"update": 0, "checkpoint": str(start), "from": MEAN_COSINE_RECORD, "to": PAPERS_RECORD}]
+
+
+@pytest.mark.slow
+def test_resuming_with_another_vector_through_fairseq_train(demo_data_bin, tmp_path):
+    """The real CLI: a mean/cosine run resumed with the default options stops with one line before
+    training; with --allow-representation-change it trains on, and its checkpoint records the switch."""
+    save = tmp_path / "ckpt"
+    check(train_cmd(demo_data_bin, save, *MEAN_COSINE, max_update=1, batch_size=4))
+    kept = sha(save / "checkpoint_last.pt")
+    proc = run(train_cmd(demo_data_bin, save, max_update=2, batch_size=4))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        f"error: {save}/checkpoint_last.pt: {TRAINED}{ASKED}"
+    ]
+    assert "train_inner" not in proc.stdout and sha(save / "checkpoint_last.pt") == kept
+    check(train_cmd(demo_data_bin, save, "--allow-representation-change", max_update=2, batch_size=4))
+    state = load_torch_file(save / "checkpoint_last.pt")
+    assert state["optimizer_history"][-1]["num_updates"] == 2
+    assert state["task_state"][REPRESENTATION_CHANGES] == [
+        {"update": 1, "checkpoint": f"{save}/checkpoint_last.pt", "from": MEAN_COSINE_RECORD, "to": PAPERS_RECORD}
+    ]

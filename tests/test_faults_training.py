@@ -1,9 +1,11 @@
 """Fault injection inside ``fairseq-train --user-dir seed_fairseq``: two runs into one
 save-dir, a killed run's lock and staging files, a full disk and a file-size limit while
 writing a checkpoint, configurations that leave validation (or a batch) empty or a block
-longer than the model, truncated data files, and a DATA path with ':'.  Each refusal is
-one ``error:`` line before training; the cheap ones are checked in-process."""
+longer than the model, truncated data files, a DATA path with ':', and options out of their
+range (every objective's weights alike).  Each refusal is one ``error:`` line before training;
+the cheap ones are checked in-process."""
 
+import dataclasses
 import errno
 import os
 import re
@@ -16,8 +18,9 @@ import pytest
 import torch
 from conftest import build_task_model
 from helpers import run, train_cmd
-from objectives import OBJECTIVES
-from test_contract import build
+from objectives import BY_NAME, OBJECTIVES
+from test_contract import build, needs
+from test_contract import train_cmd as objective_train_cmd
 
 from seed_fairseq.base.errors import ConfigurationError
 from seed_fairseq.pretrain import fairseq_patches, savedir
@@ -369,3 +372,95 @@ def test_checkpoint_write_error_recovers_the_cause_from_torch(tmp_path, monkeypa
     assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, str(tmp_path / "big.pt"))
     assert isinstance(failed.value.__cause__.__cause__, RuntimeError)  # what torch raised
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------
+# option ranges: checked where fairseq-train's options become a task and a criterion (issue 43, G)
+# ---------------------------------------------------------------------------
+
+
+def criterion_options(obj, *suffixes):
+    """The options of ``obj``'s criterion whose field names end with one of ``suffixes``."""
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+
+    fields = dataclasses.fields(CRITERION_DATACLASS_REGISTRY[obj.criterion])
+    return ["--" + f.name.replace("_", "-") for f in fields if f.name.endswith(suffixes)]
+
+
+@pytest.mark.parametrize("obj", OBJECTIVES, ids=[o.name for o in OBJECTIVES])
+def test_every_objectives_weights_and_vector_length_are_checked_where_parsed(obj, contract_data, request):
+    """Every loss weight of every objective (its criterion's ``*_weight`` options) must be a finite
+    number >= 0, every temperature > 0, every probability and dropout in [0, 1] (the model's options
+    too); ``--retrieval-max-length`` 0 or at least 3 ([CLS], a token, </s>: the export keeps 2 as
+    [CLS] </s>, 1 as an IndexError) and at most the model's positions.  One line naming the option
+    and the value (``error:``, exit 2)."""
+    fixtures = needs(obj, request)
+    weights = criterion_options(obj, "_weight", "_weight_decay_to")
+    assert weights, "every objective weighs its terms"
+    cases = [((option, "inf"), f"{option} must be >= 0 and finite, got inf") for option in weights]
+    cases += [((weights[0], "nan"), f"{weights[0]} must be >= 0 and finite, got nan")]
+    cases += [((t, "0"), f"{t} must be > 0 and finite, got 0.0") for t in criterion_options(obj, "_temperature")]
+    cases += [
+        (("--mask-prob", "nan"), "--mask-prob must be in [0, 1], got nan"),
+        (("--attention-dropout", "inf"), "--attention-dropout must be in [0, 1], got inf"),
+        *[
+            (
+                ("--retrieval-max-length", n),
+                f"--retrieval-max-length must be 0 or >= 3 (0: the model's positions), got {n}",
+            )
+            for n in ("1", "2")
+        ],
+        (
+            ("--max-positions", "64", "--retrieval-max-length", "65"),
+            "--retrieval-max-length 65 is beyond the model's 64 positions (--max-positions): use 64 or less, or 0 "
+            "(the model's positions)",
+        ),
+    ]
+    for extra, line in cases:
+        with pytest.raises(ConfigurationError) as refused:
+            build(obj, contract_data, *extra, fixtures=fixtures)
+        assert str(refused.value) == line
+    task, *_ = build(obj, contract_data, "--max-positions", "64", "--retrieval-max-length", "3", weights[0], "0",
+                     fixtures=fixtures)  # fmt: skip
+    assert task.cfg.retrieval_max_length == 3
+
+
+def test_option_ranges_name_the_option_and_the_value():
+    from types import SimpleNamespace
+
+    from seed_fairseq.pretrain.option_ranges import Range, check_ranges
+
+    check_ranges(SimpleNamespace(span_weight=0.0, teacher_temperature=0.5, swap_prob=1.0, steps=3, name="x"))
+    for cfg, line in (
+        (SimpleNamespace(span_weight=float("-inf")), "--span-weight must be >= 0 and finite, got -inf"),
+        (SimpleNamespace(teacher_temperature=0.0), "--teacher-temperature must be > 0 and finite, got 0.0"),
+        (SimpleNamespace(swap_prob=1.5), "--swap-prob must be in [0, 1], got 1.5"),
+        (SimpleNamespace(scale=float("nan")), "--scale must be a finite number, got nan"),
+    ):
+        with pytest.raises(ConfigurationError) as refused:
+            check_ranges(cfg)
+        assert str(refused.value) == line
+    assert Range(0, 1, low_open=True).describe() == "in (0, 1]" and not Range(0, 1, low_open=True).holds(0)
+
+
+@pytest.mark.slow
+def test_out_of_range_options_through_fairseq_train(contract_data, demo_data_bin, tmp_path):
+    """The real CLI: one ``error:`` line naming the option and the value, exit 2, before training (the
+    save-dir stays empty)."""
+    for cmd, line in (
+        (
+            objective_train_cmd(
+                BY_NAME["bowpred"], contract_data, tmp_path / "bow", "--bow-weight-decay-to", "inf", max_update=1
+            ),  # fmt: skip
+            "error: --bow-weight-decay-to must be >= 0 and finite, got inf",
+        ),
+        (
+            train_cmd(demo_data_bin, tmp_path / "length", "--retrieval-max-length", "1", max_update=1),
+            "error: --retrieval-max-length must be 0 or >= 3 (0: the model's positions), got 1",
+        ),
+    ):
+        proc = run(cmd)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert _stderr_lines(proc) == [line]
+        assert "train_inner" not in proc.stdout
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []

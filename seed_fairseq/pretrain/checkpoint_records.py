@@ -1,9 +1,9 @@
-"""What a fairseq checkpoint records: the encoder's architecture, the task's representation, the
-dictionary's identity (checked against a data folder's ``dict.txt``)."""
+"""What a fairseq checkpoint records: the encoder's architecture, the task's representation (and its
+switches), the dictionary's identity (checked against a data folder's ``dict.txt``)."""
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from ..base.vocabulary.dictionary import dictionary_sha256
 from .checkpoint import (
@@ -107,6 +107,23 @@ def representation_options(state: dict) -> Dict[str, Any]:
     kept = extra.get("representation_options") if isinstance(extra, dict) else None
     source = kept if isinstance(kept, dict) else task_config(state)
     return {k: source[k] for k in REPRESENTATION_OPTIONS if source.get(k) is not None}
+
+
+# where a checkpoint's task state lists the switches of those options in its lineage, oldest first: each
+# {"update": N, "checkpoint": FILE continued, "from": {option: value}, "to": {option: value}}
+# (--allow-representation-change, tasks/representation.py)
+REPRESENTATION_CHANGES = "representation_changes"
+
+
+def representation_changes(state: dict, path: PathLike = "the checkpoint") -> List[Dict[str, Any]]:
+    """The switches of the representation options a checkpoint records ([] for none);
+    :class:`CheckpointError` naming ``path`` when the entry is not a list of records."""
+    changes = (state.get("task_state") or {}).get(REPRESENTATION_CHANGES)
+    if changes is None:
+        return []
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        raise CheckpointError(path, f"its task state's {REPRESENTATION_CHANGES!r} is not a list of records")
+    return [dict(c) for c in changes]
 
 
 def embedding_rows(state: dict) -> Optional[int]:

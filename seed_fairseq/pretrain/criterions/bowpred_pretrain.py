@@ -78,11 +78,6 @@ class BowPredPretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("bow",)
 
     def __init__(self, cfg: BowPredPretrainCriterionConfig, task):
-        for option, value in (("--mlm-weight", cfg.mlm_weight), ("--bow-weight", cfg.bow_weight)):
-            if not value >= 0:
-                raise ValueError(f"{option} must be >= 0, got {value}")
-        if cfg.bow_weight_decay_to is not None and not cfg.bow_weight_decay_to >= 0:
-            raise ValueError(f"--bow-weight-decay-to must be >= 0, got {cfg.bow_weight_decay_to}")
         super().__init__(task, {"mlm": cfg.mlm_weight, "bow": cfg.bow_weight})
         self.set_vocab_loss(cfg)
         self.decay_to, self.max_update = cfg.bow_weight_decay_to, int(cfg.max_update or 0)

@@ -135,15 +135,7 @@ class CpdaePretrainCriterion(VocabLossMixin, MultiTermCriterion):
     bottleneck_terms = ("bow", "cl")
 
     def __init__(self, cfg: CpdaePretrainCriterionConfig, task):
-        for option, value in (
-            ("--mlm-weight", cfg.mlm_weight),
-            ("--bow-weight", cfg.bow_weight),
-            ("--contrastive-weight", cfg.contrastive_weight),
-        ):
-            if not value >= 0:
-                raise ValueError(f"{option} must be >= 0, got {value}")
-        if not cfg.contrast_temperature > 0:
-            raise ValueError(f"--contrast-temperature must be > 0, got {cfg.contrast_temperature}")
+        # the weights' and the temperature's ranges: MultiTermCriterion.build_criterion
         if cfg.contrastive_weight > 0 and (cfg.distributed_world_size or 1) <= 1:
             check_two_texts_per_batch(cfg.batch_size, cfg.max_tokens, cfg.tokens_per_sample)
         super().__init__(task, {"mlm": cfg.mlm_weight, "bow": cfg.bow_weight, "cl": cfg.contrastive_weight})

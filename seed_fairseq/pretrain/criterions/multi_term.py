@@ -39,6 +39,7 @@ from fairseq.criterions import FairseqCriterion
 from fairseq.distributed import utils as distributed_utils
 
 from ..data.update_counts import UPDATE_COUNTS
+from ..option_ranges import check_ranges
 
 LN2 = math.log(2)
 
@@ -83,9 +84,20 @@ class MultiTermCriterion(FairseqCriterion):
     logged with 0 units and weight 0.  ``bottleneck_terms`` names the terms
     that may depend on the encoder only through its bottleneck vector (the
     [CLS] vector, or the ``--bottleneck-pooling`` one; checked by the contract tests).
+    Its config's options are checked against their ranges when fairseq builds it
+    (:meth:`build_criterion`): a weight option named ``*_weight`` is a finite number >= 0 without
+    a check of the subclass's own.
     """
 
     bottleneck_terms = ()
+
+    @classmethod
+    def build_criterion(cls, cfg, task):
+        """fairseq's builder, after every option of ``cfg`` was checked against its range
+        (``option_ranges.py``: every loss weight finite and >= 0, temperatures > 0 ..., for every
+        objective alike)."""
+        check_ranges(cfg)
+        return super().build_criterion(cfg, task)
 
     def __init__(self, task, weights: Dict[str, float]):
         super().__init__(task)

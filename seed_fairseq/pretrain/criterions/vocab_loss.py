@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.linear_cross_entropy import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, linear_cross_entropy
+from ..option_ranges import Range
 from .multi_term import Term
 
 VOCAB_LOSS_CHOICES = ChoiceEnum(list(IMPLEMENTATIONS))
@@ -46,7 +47,10 @@ class VocabLossConfig(FairseqDataclass):
     )
     vocab_loss_chunk_size: int = field(
         default=0,
-        metadata={"help": "positions per chunk of --vocab-loss chunked/recompute (0: about 2**24 logits per chunk)"},
+        metadata={
+            "help": "positions per chunk of --vocab-loss chunked/recompute (0: about 2**24 logits per chunk)",
+            "range": Range(0, note=" (0: about 2**24 logits per chunk)"),
+        },
     )
 
 

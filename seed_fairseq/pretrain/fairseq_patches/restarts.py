@@ -22,8 +22,9 @@
   (``checkpoint.check_entries`` / ``check_encoder_entries``: a ``model`` that is
   no mapping of tensors, a ``cfg`` that is no mapping, no token embedding ... are one ``error:`` line,
   not a traceback) and the task checks it against the data
-  (``check_checkpoint``: dictionary size and identity), so the last line of a
-  refused restore names the true cause;
+  (``check_checkpoint``: dictionary size and identity) and against the run's
+  options (``check_continuation``: the vector it records, ``tasks/representation.py``),
+  so the last line of a refused restore names the true cause;
 - fairseq replaces any error of model loading by "please ensure that the
   architectures match": the plugin's own ``CheckpointError`` behind it is
   raised instead.
@@ -134,9 +135,10 @@ def install() -> None:
         if os.path.isfile(filename):
             state = peek_checkpoint(filename)  # its entries checked (checkpoint.check_entries), whatever the task
             check_encoder_entries(state, filename)
-            check = getattr(self.task, "check_checkpoint", None)
-            if check is not None:
-                check(state, filename)
+            for hook in ("check_checkpoint", "check_continuation"):
+                check = getattr(self.task, hook, None)
+                if check is not None:
+                    check(state, filename)
         try:
             return original(self, filename, *args, **kwargs)
         except Exception as e:

@@ -57,6 +57,7 @@ from fairseq.utils import safe_getattr
 
 from ...base.errors import ConfigurationError
 from ..checkpoint import EMBED_KEY, CheckpointError
+from ..option_ranges import check_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,14 @@ def check_positions(args, task) -> None:
     )
 
 
+def model_options(add_args, args) -> Dict[str, object]:
+    """name -> value in ``args`` of every option ``add_args`` declares (the model's own options)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_args(parser)
+    names = {action.dest for action in parser._actions if action.option_strings}
+    return {name: safe_getattr(args, name, None) for name in sorted(names)}
+
+
 def option_strings(add_args) -> FrozenSet[str]:
     """Every option string ``add_args`` puts on a fresh parser."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -195,6 +204,8 @@ class BottleneckEncoderModel(RobertaModel):
     def build_model(cls, args, task) -> "BottleneckEncoderModel":
         from omegaconf import OmegaConf
 
+        # every float option of the model finite, every dropout a probability (option_ranges.py)
+        check_ranges(model_options(cls.add_args, args))
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         cls.prepare_args(args)

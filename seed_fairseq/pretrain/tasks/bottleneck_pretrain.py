@@ -27,16 +27,19 @@ masking from sentencepiece's word-start marker, the global-count lookahead of
 batch or fewer validation blocks than the retrieval probe needs.  At validation it adds the
 diagnostics (``diagnostics.py``) and the zero-shot retrieval scores of the probe and of
 ``--retrieval-dev`` (``retrieval_dev.py``), each also against the starting model's, scored
-before the first update.
+before the first update.  Every numeric option is checked against its range when the task is set
+up (``option_ranges.py``), and a run continuing a checkpoint trains the vector the checkpoint
+records, or records the switch (``representation.py``).
 
 One job a module, mixed into the task: ``config.py`` (the options), ``identity.py`` (the data
-folder and the dictionary's identity), ``batching.py``, ``encoder_lr.py`` (the encoder's own
-learning rate) and ``validation.py``; this file holds the data pipeline.
+folder and the dictionary's identity), ``representation.py`` (the vector across a continued run),
+``batching.py``, ``encoder_lr.py`` (the encoder's own learning rate) and ``validation.py``; this
+file holds the data pipeline.
 """
 
 import logging
 import os
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -61,11 +64,16 @@ from ...base.vocabulary.tokenizer import word_start_table
 from .. import retrieval_dev
 from ..data.mask_tokens_dataset import MaskTokensDataset
 from ..data.split_files import check_split_files
+from ..option_ranges import check_ranges
 from . import encoder_lr
 from .batching import Batching
 from .config import BottleneckPretrainConfig
 from .identity import DictionaryIdentity
+from .representation import RepresentationRecord, check_max_length
 from .validation import Validation
+
+if TYPE_CHECKING:
+    from ..models.bottleneck import BottleneckEncoderModel
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +82,9 @@ logger = logging.getLogger(__name__)
 WORD_START = "\u2581"
 
 
-class BottleneckPretrainTask(Validation, encoder_lr.EncoderLRHooks, Batching, DictionaryIdentity, MaskedLMTask):
+class BottleneckPretrainTask(
+    Validation, encoder_lr.EncoderLRHooks, Batching, RepresentationRecord, DictionaryIdentity, MaskedLMTask
+):
     """Blocks + [CLS] + the encoder's MLM view, plus the objective's ``extra_inputs``."""
 
     cfg: BottleneckPretrainConfig
@@ -93,11 +103,6 @@ class BottleneckPretrainTask(Validation, encoder_lr.EncoderLRHooks, Batching, Di
                 "--bottleneck-unnormalized has no effect without --retrieval-similarity cosine (with dot the "
                 "bottleneck reads the pooled vector as it is)"
             )
-        if cfg.retrieval_probe_size < 0:
-            raise ValueError(f"--retrieval-probe-size must be >= 0, got {cfg.retrieval_probe_size}")
-        for name in ("retrieval_dev_queries", "retrieval_dev_docs"):
-            if getattr(cfg, name) < 0:
-                raise ConfigurationError(f"--{name.replace('_', '-')} must be >= 0 (0 = all), got {getattr(cfg, name)}")
         encoder_lr.EncoderSchedule.from_cfg(cfg)  # out-of-range options refused before anything loads
         super().__init__(cfg, dictionary)
         self._encoder_lr = None  # (id of the model, its EncoderSchedule, its encoder parameters)
@@ -111,6 +116,20 @@ class BottleneckPretrainTask(Validation, encoder_lr.EncoderLRHooks, Batching, Di
         self._recorded_start: Dict[str, float] = {}  # from the checkpoint a resumed run continues
         self.dict_path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
         self.dictionary_sha256 = dictionary_sha256(self.dict_path)
+
+    @classmethod
+    def setup_task(cls, cfg: BottleneckPretrainConfig, **kwargs) -> "BottleneckPretrainTask":
+        # the command line's options, before any file is read; a task set up from a checkpoint's
+        # saved config (a tool reading the model) trains nothing with them
+        if not kwargs.get("from_checkpoint", False):
+            check_ranges(cfg)
+        return super().setup_task(cfg, **kwargs)
+
+    def build_model(self, cfg, from_checkpoint=False) -> "BottleneckEncoderModel":
+        model = super().build_model(cfg, from_checkpoint)
+        if not from_checkpoint:
+            check_max_length(self.cfg.retrieval_max_length, model.max_positions())
+        return model
 
     def whole_word_mask(self) -> torch.Tensor:
         """ByteTensor over the dictionary: 1 where a symbol starts a word.

@@ -3,6 +3,9 @@
 Each objective's config subclasses it (``tasks/*_pretrain.py``) and registers it with
 fairseq's task registry together with its task; no ``from __future__ import annotations``
 here: fairseq reads the dataclass fields' types.
+
+A numeric field declares its range in its metadata (``"range": Range(...)``) unless its name gives it
+(``option_ranges.py``: loss weights, temperatures, probabilities); ``setup_task`` checks them all.
 """
 
 from dataclasses import dataclass, field
@@ -14,6 +17,7 @@ from fairseq.tasks.masked_lm import MaskedLMConfig
 from omegaconf import II
 
 from ..models.bottleneck import POOLING_MODES, SIMILARITIES
+from ..option_ranges import NON_NEGATIVE, Range
 
 POOLING_CHOICES = ChoiceEnum(list(POOLING_MODES))
 SIMILARITY_CHOICES = ChoiceEnum(list(SIMILARITIES))
@@ -34,7 +38,7 @@ class BottleneckPretrainConfig(MaskedLMConfig):
     )
     tokens_per_sample: int = field(
         default=512,
-        metadata={"help": "encoder input length including [CLS] (paper: 512)"},
+        metadata={"help": "encoder input length including [CLS] (paper: 512)", "range": Range(2)},
     )
     allow_dictionary_change: bool = field(
         default=False,
@@ -42,6 +46,16 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "help": "restore a checkpoint trained with another dict.txt of the same size "
             "(a deliberate vocabulary change: each id keeps its embedding row); without it "
             "such a restore is refused"
+        },
+    )
+    allow_representation_change: bool = field(
+        default=False,
+        metadata={
+            "help": "continue a checkpoint (a resume, --restore-file, --finetune-from-model) with another "
+            "--bottleneck-pooling / --retrieval-similarity / --retrieval-max-length (or --bottleneck-unnormalized) "
+            "than it records: a deliberate switch of the vector the model is trained and exported with, recorded "
+            "in every checkpoint the run writes (task state 'representation_changes'); without it such a "
+            "continuation is refused"
         },
     )
     # the run's own decision (seed_fairseq/pretrain/checkpoint.py, fairseq_patches/checkpoint_loading.py): a
@@ -125,7 +139,10 @@ class BottleneckPretrainConfig(MaskedLMConfig):
         metadata={
             "help": "the longest text, in tokens, the model's users encode (sentence-transformers' max_seq_length, "
             "recorded by the import: all-MiniLM-L6-v2 cuts at 256 of its 512 positions); the export writes it "
-            "back. 0 (the default): the model's positions"
+            "back. 0 (the default): the model's positions; else at least 3 ([CLS], a token of the text, </s>) and "
+            "at most the model's positions",
+            # 2 would keep [CLS] and </s> only: every text the same vector (the export writes it all the same)
+            "range": Range(3, also=(0,), note=" (0: the model's positions)"),
         },
     )
     bottleneck_unnormalized: bool = field(
@@ -141,7 +158,8 @@ class BottleneckPretrainConfig(MaskedLMConfig):
         metadata={
             "help": "at every validation, MRR@10 of the first halves of the first N validation blocks "
             "retrieving their own second halves by the pooled vectors (--bottleneck-pooling) compared "
-            "by --retrieval-similarity (0 = off, the default)"
+            "by --retrieval-similarity (0 = off, the default)",
+            "range": NON_NEGATIVE,
         },
     )
     # zero-shot retrieval on a labelled dev set at every validation (seed_fairseq/pretrain/retrieval_dev.py)
@@ -165,13 +183,17 @@ class BottleneckPretrainConfig(MaskedLMConfig):
     )
     retrieval_dev_queries: int = field(
         default=200,
-        metadata={"help": "score at most this many judged queries of --retrieval-dev (a fixed sample; 0 = all)"},
+        metadata={
+            "help": "score at most this many judged queries of --retrieval-dev (a fixed sample; 0 = all)",
+            "range": Range(0, note=" (0 = all)"),
+        },
     )
     retrieval_dev_docs: int = field(
         default=1000,
         metadata={
             "help": "search among at most this many documents of --retrieval-dev: every document judged for the "
-            "scored queries, filled up with a fixed sample of the others (0 = the whole corpus)"
+            "scored queries, filled up with a fixed sample of the others (0 = the whole corpus)",
+            "range": Range(0, note=" (0 = all)"),
         },
     )
     # Read from fairseq's checkpoint config: a best-checkpoint metric that only --retrieval-dev or

@@ -32,6 +32,7 @@ from fairseq.tasks import register_task
 from ...base.objectives import ObjectiveDescription
 from ...base.vocabulary.dictionary import is_ordinary
 from ..data.decoder_mask_dataset import DecoderMaskDataset
+from ..option_ranges import Range
 from .bottleneck_pretrain import BottleneckPretrainTask
 from .config import BottleneckPretrainConfig
 
@@ -77,7 +78,8 @@ class RetroMAEPretrainConfig(BottleneckPretrainConfig):
         default=0.5,
         metadata={
             "help": "share of the tokens (whole words) each row of the enhanced decoder's attention "
-            "mask hides, in (0, 1) (paper: 50-90%%; 0.5 in the reference code)"
+            "mask hides, in (0, 1) (paper: 50-90%%; 0.5 in the reference code)",
+            "range": Range(0, 1, low_open=True, high_open=True),
         },
     )
     decoder_separators_visible: bool = field(
@@ -125,8 +127,6 @@ class RetroMAEPretrainTask(BottleneckPretrainTask):
     def __init__(self, cfg: RetroMAEPretrainConfig, dictionary=None):
         if cfg.mask_single_pieces and cfg.mask_whole_words:
             raise ValueError("--mask-single-pieces and --mask-whole-words contradict each other")
-        if not 0.0 < cfg.decoder_mask_prob < 1.0:
-            raise ValueError(f"--decoder-mask-prob must be in (0, 1), got {cfg.decoder_mask_prob}")
         # whole words unless asked otherwise (a bool option defaulting to True would be a
         # flag that turns it off); the base's mask_view reads mask_whole_words
         cfg.mask_whole_words = not cfg.mask_single_pieces
