@@ -122,12 +122,14 @@ MEAN_COSINE_RECORD = {
     "retrieval_similarity": "cosine",
     "bottleneck_unnormalized": False,
     "retrieval_max_length": 24,
+    "retrieval_raw_vectors": False,
 }
 PAPERS_RECORD = {
     "bottleneck_pooling": "cls",
     "retrieval_similarity": "dot",
     "bottleneck_unnormalized": False,
     "retrieval_max_length": 0,
+    "retrieval_raw_vectors": False,
 }
 ASKED = (
     "but this run asks for --bottleneck-pooling cls --retrieval-similarity dot --retrieval-max-length 0: continuing it "
@@ -203,6 +205,12 @@ def test_what_counts_as_another_vector(demo_data_bin):
     unnormalized.check_continuation(recorded(task_of(seed, demo_data_bin, *cosine), updates=0), "import.pt")
     with pytest.raises(CheckpointError, match="asks for .* --retrieval-max-length 0 --bottleneck-unnormalized:"):
         unnormalized.check_continuation(recorded(task_of(seed, demo_data_bin, *cosine), updates=3), "trained.pt")
+    # whether the export writes a Normalize module changes the model's vectors: an import's too
+    raw = recorded(task_of(seed, demo_data_bin, *cosine, "--retrieval-raw-vectors"), updates=0)
+    task_of(seed, demo_data_bin, *cosine, "--retrieval-raw-vectors").check_continuation(raw, "raw.pt")
+    with pytest.raises(CheckpointError, match=r"trained with .* --retrieval-raw-vectors, but this run asks for .* "
+                       r"--retrieval-max-length 0: "):  # fmt: skip
+        task_of(seed, demo_data_bin, *cosine).check_continuation(raw, "raw.pt")
 
 
 def test_finetune_from_a_checkpoint_of_another_vector(demo_data_bin, tmp_path):

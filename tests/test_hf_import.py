@@ -359,26 +359,49 @@ def test_a_sentence_model_is_imported_and_exported_with_its_representation(kind,
     from seed_fairseq.encoders.drop_heads import write_encoder_checkpoint
     from seed_fairseq.encoders.hf.export import export
     from seed_fairseq.encoders.hf.import_ import import_model, read_model_args
+    from seed_fairseq.encoders.hf.sentence import module_list
     from seed_fairseq.pretrain.checkpoint import peek_checkpoint, task_config
 
     (pooling, normalize, declared), (want_pooling, want_similarity) = SENTENCE_MODELS[kind]
     model = save_sentence_model(tmp_path / "st", pooling, normalize, declared)
     imported = import_model(model, tmp_path / "imported")
     record = json.loads((imported / "seed_fairseq_import.json").read_text())
-    assert record["representation"] == {"pooling": want_pooling, "normalize": want_similarity == "cosine",
+    assert record["representation"] == {"pooling": want_pooling, "normalize": normalize,
                                         "similarity": want_similarity, "max_seq_length": 48}  # fmt: skip
     assert record["representation_max_abs_diff"] <= 1e-5  # fairseq's pooled vectors = SentenceTransformer's
     options = ["--bottleneck-pooling", want_pooling, "--retrieval-similarity", want_similarity]
-    assert read_model_args(imported)[-6:] == [*options, "--retrieval-max-length", "48"]
+    # a cosine model without Normalize: its vectors are not unit vectors, and the export must not make them so
+    raw = ["--retrieval-raw-vectors"] if want_similarity == "cosine" and not normalize else []
+    assert read_model_args(imported)[-6 - len(raw) :] == [*options, "--retrieval-max-length", "48", *raw]
     task = task_config(peek_checkpoint(imported / "checkpoint.pt"))
     assert (task["bottleneck_pooling"], task["retrieval_similarity"]) == (want_pooling, want_similarity)
+    assert task["retrieval_raw_vectors"] is bool(raw)
     assert task["retrieval_max_length"] == 48  # sentence_bert_config.json's max_seq_length (the model has 64)
     # the encoder-only checkpoint (stock masked_lm's task config) keeps the representation for the export
     encoder = write_encoder_checkpoint(imported / "checkpoint.pt", tmp_path / "encoder.pt", data=imported)
     exported = export(encoder, imported, tmp_path / "exported")
     written = json.loads((exported / "seed_fairseq_export.json").read_text())
     assert (written["pooling"], written["similarity"], written["max_seq_length"]) == (want_pooling, want_similarity, 48)
+    assert written["normalize"] is normalize and module_list(exported) == module_list(model)  # the same modules
     same_model(model, exported, small_retrieval_set())
+
+
+def test_fine_tuning_a_cosine_model_without_normalize_saves_it_without(tmp_path):
+    """The retrieval tools add a Normalize module at load to a model that compares by cosine without one
+    (the inner-product index then ranks by cosine); fine-tuning saves the model as its folder was."""
+    from seed_fairseq.encoders.hf.sentence import module_list
+    from seed_fairseq.encoders.retrieval.config import FinetuneConfig
+    from seed_fairseq.encoders.retrieval.search import load_model, similarity
+    from seed_fairseq.encoders.retrieval.training import finetune_to_folder
+    from seed_fairseq.workflows.kit.roundtrip import describe
+
+    model = save_sentence_model(tmp_path / "st", "mean", normalize=False, similarity="cosine")
+    loaded = load_model(str(model), "cpu")
+    assert describe(loaded) == "Transformer -> Pooling(mean) -> Normalize(at load), cosine, max 48 tokens"
+    cfg = FinetuneConfig(negatives="none", batch_size=4, show_progress=False)
+    finetune_to_folder(str(model), small_retrieval_set(), cfg, tmp_path / "ft", device="cpu")
+    assert module_list(tmp_path / "ft") == module_list(model) == [("Transformer", ""), ("Pooling", "1_Pooling")]
+    assert similarity(load_model(str(tmp_path / "ft"), "cpu")) == "cosine"
 
 
 def test_the_cut_of_a_folder_sentence_transformers_saved_survives_import_and_export(tmp_path):

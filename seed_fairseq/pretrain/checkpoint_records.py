@@ -90,10 +90,12 @@ def encoder_architecture(model_cfg: Any, path: PathLike = "the checkpoint") -> E
 
 
 # The task options that say which vector the model is scored and pre-trained on
-# (models/bottleneck.py: --bottleneck-pooling, --retrieval-similarity, --bottleneck-unnormalized) and how
-# long a text its users encode (--retrieval-max-length: the export's sentence_bert_config.json)
+# (models/bottleneck.py: --bottleneck-pooling, --retrieval-similarity, --bottleneck-unnormalized), how
+# long a text its users encode (--retrieval-max-length: the export's text cut) and whether a cosine model's
+# vectors are unit vectors (--retrieval-raw-vectors: the export's Normalize module or none)
 REPRESENTATION_OPTIONS = (
-    "bottleneck_pooling", "retrieval_similarity", "bottleneck_unnormalized", "retrieval_max_length"
+    "bottleneck_pooling", "retrieval_similarity", "bottleneck_unnormalized", "retrieval_max_length",
+    "retrieval_raw_vectors",
 )  # fmt: skip
 
 

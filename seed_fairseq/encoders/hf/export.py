@@ -212,7 +212,9 @@ def recorded_representation(state: dict, checkpoint: PathLike = "the checkpoint"
     options = recorded_options(state)
     pooling, similarity, _ = pooling_options(options)
     try:
-        return from_options(pooling, similarity, options.get("retrieval_max_length", 0))
+        return from_options(
+            pooling, similarity, options.get("retrieval_max_length", 0), options.get("retrieval_raw_vectors", False)
+        )
     except ValueError as e:
         raise ExportError(f"{checkpoint}: records {e}") from None
 

@@ -78,18 +78,21 @@ DISTANCES = ("euclidean", "manhattan")
 @dataclass(frozen=True)
 class Representation:
     """One vector per text: the encoder's last-layer vectors pooled (``pooling``, the plugin's
-    name), compared by ``similarity``; with ``cosine`` the vectors are L2-normalised (then the
-    inner product is the cosine, what a faiss inner-product index ranks by)."""
+    name), compared by ``similarity``; with ``cosine`` the model's vectors are L2-normalised (its
+    ``Normalize`` module: then the inner product is the cosine, what a faiss inner-product index
+    ranks by) unless ``raw_vectors`` (no ``Normalize`` module: the cosine compares them as they are)."""
 
     pooling: str = "cls"
     similarity: str = "dot"
     # the longest text in tokens (sentence-transformers' max_seq_length, text_cut: all-MiniLM-L6-v2 cuts
     # at 256 of its 512 positions); 0: the model's positions
     max_length: int = 0
+    raw_vectors: bool = False  # with cosine: no Normalize module (--retrieval-raw-vectors)
 
     @property
     def normalize(self) -> bool:
-        return self.similarity == "cosine"
+        """Does the model's last module L2-normalise its vectors (a ``Normalize`` module)?"""
+        return self.similarity == "cosine" and not self.raw_vectors
 
     def seq_length(self, positions: int) -> int:
         """The tokens a text keeps: :attr:`max_length`, at most the model's ``positions``."""
@@ -108,19 +111,21 @@ class Representation:
     def task_args(self) -> List[str]:
         """The fairseq-train options that make every objective pre-train and validate this vector."""
         length = ["--retrieval-max-length", str(self.max_length)] if self.max_length > 0 else []
-        return ["--bottleneck-pooling", self.pooling, "--retrieval-similarity", self.similarity, *length]
+        raw = ["--retrieval-raw-vectors"] if self.raw_vectors else []
+        return ["--bottleneck-pooling", self.pooling, "--retrieval-similarity", self.similarity, *length, *raw]
 
     def record(self) -> Dict[str, Any]:
         length = {"max_seq_length": self.max_length} if self.max_length > 0 else {}
         return {"pooling": self.pooling, "normalize": self.normalize, "similarity": self.similarity, **length}
 
     def describe(self) -> str:
-        """``mean pooling, normalised, cosine`` / ``[CLS] vector, dot product``."""
+        """``mean pooling, normalised, cosine`` / ``[CLS] vector, dot product`` / ``max pooling, cosine``."""
         if self.pooling == "cls":
             what = "[CLS] vector"
         else:
             what = f"{self.st_pooling} pooling"
-        return f"{what}, {'normalised, cosine' if self.normalize else 'dot product'}"
+        how = "normalised, cosine" if self.normalize else "cosine" if self.similarity == "cosine" else "dot product"
+        return f"{what}, {how}"
 
 
 PAPERS = Representation()  # the papers' [CLS] vector and dot product: a model built from scratch
@@ -135,16 +140,17 @@ def st_modules() -> Tuple[type, type, type]:
     return Transformer, Pooling, Normalize
 
 
-def from_options(pooling: str, similarity: str, max_length: int = 0) -> Representation:
+def from_options(pooling: str, similarity: str, max_length: int = 0, raw_vectors: bool = False) -> Representation:
     """The representation of the task options ``--bottleneck-pooling`` / ``--retrieval-similarity`` /
-    ``--retrieval-max-length``; ValueError for a value the tools cannot write back."""
+    ``--retrieval-max-length`` / ``--retrieval-raw-vectors``; ValueError for a value the tools cannot
+    write back."""
     if pooling not in PLUGIN_TO_ST:
         raise ValueError(f"bottleneck_pooling {pooling!r} is not one of {', '.join(PLUGIN_TO_ST)}")
     if similarity not in SIMILARITIES:
         raise ValueError(f"retrieval_similarity {similarity!r} is not one of {', '.join(SIMILARITIES)}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
         raise ValueError(f"retrieval_max_length {max_length!r} is not a whole number >= 0")
-    return Representation(pooling, similarity, max_length)
+    return Representation(pooling, similarity, max_length, bool(raw_vectors) and similarity == "cosine")
 
 
 def _json(path: Path) -> Any:
@@ -391,5 +397,6 @@ def read_folder(folder) -> Representation:
             f"truncate_dim {st_config['truncate_dim']!r}: sentence-transformers keeps only the first dimensions of "
             "every vector, which the import cannot carry into fairseq",
         )
-    similarity = declared_similarity(folder, normalizes=kinds[-1] == "Normalize")
-    return Representation(ST_TO_PLUGIN[modes[0]], similarity, max_length)
+    normalizes = kinds[-1] == "Normalize"
+    similarity = declared_similarity(folder, normalizes)
+    return Representation(ST_TO_PLUGIN[modes[0]], similarity, max_length, similarity == "cosine" and not normalizes)

@@ -337,11 +337,18 @@ def similarity(model: "SentenceTransformer") -> str:
     return "cosine" if normalizes(model) else "dot"
 
 
+# marks a Normalize module load_model appended (a cosine model without one): never saved with the model
+ADDED_AT_LOAD = "seed_fairseq_added_at_load"
+
+
 def _with_similarity(model: "SentenceTransformer", name: str) -> "SentenceTransformer":
     """``model`` comparing by ``name``: unit vectors for cosine (a ``Normalize`` module appended when
-    it has none, so the inner-product index and the dot-product losses see cosines)."""
+    it has none, so the inner-product index and the dot-product losses see cosines; marked
+    :data:`ADDED_AT_LOAD`, so that :func:`_save` writes the model without it, as its folder was)."""
     if name == "cosine" and not normalizes(model):
-        model.append(st_modules()[2]())  # Normalize
+        normalize = st_modules()[2]()
+        setattr(normalize, ADDED_AT_LOAD, True)
+        model.append(normalize)
     model.similarity_fn_name = name  # what sentence-transformers' similarity() and save() use
     setattr(model, SIMILARITY_ATTR, name)
     return model
@@ -392,7 +399,18 @@ def _load_cls(model: "SentenceTransformer", folder: Path, sparse_top_k: Optional
 
 
 def _save(model: "SentenceTransformer", folder: Path) -> None:
+    """``model`` written as its folder was: without a ``Normalize`` module load_model appended."""
+    if getattr(model[len(model) - 1], ADDED_AT_LOAD, False):
+        model = model_without_last(model)
     model.save(str(folder))
+
+
+def model_without_last(model: "SentenceTransformer") -> "SentenceTransformer":
+    """A SentenceTransformer of ``model``'s modules but the last (shared, not copied), with its similarity."""
+    from sentence_transformers import SentenceTransformer
+
+    modules = [model[i] for i in range(len(model) - 1)]
+    return SentenceTransformer(modules=modules, device=str(model.device), similarity_fn_name=model.similarity_fn_name)
 
 
 OWN = representations.register(

@@ -103,6 +103,11 @@ class BottleneckPretrainTask(
                 "--bottleneck-unnormalized has no effect without --retrieval-similarity cosine (with dot the "
                 "bottleneck reads the pooled vector as it is)"
             )
+        if cfg.retrieval_raw_vectors and str(cfg.retrieval_similarity) != "cosine":
+            raise ConfigurationError(
+                "--retrieval-raw-vectors has no effect without --retrieval-similarity cosine (with dot the model's "
+                "vectors are never normalised)"
+            )
         encoder_lr.EncoderSchedule.from_cfg(cfg)  # out-of-range options refused before anything loads
         super().__init__(cfg, dictionary)
         self._encoder_lr = None  # (id of the model, its EncoderSchedule, its encoder parameters)

@@ -52,7 +52,8 @@ class BottleneckPretrainConfig(MaskedLMConfig):
         default=False,
         metadata={
             "help": "continue a checkpoint (a resume, --restore-file, --finetune-from-model) with another "
-            "--bottleneck-pooling / --retrieval-similarity / --retrieval-max-length (or --bottleneck-unnormalized) "
+            "--bottleneck-pooling / --retrieval-similarity / --retrieval-max-length / --retrieval-raw-vectors (or "
+            "--bottleneck-unnormalized) "
             "than it records: a deliberate switch of the vector the model is trained and exported with, recorded "
             "in every checkpoint the run writes (task state 'representation_changes'); without it such a "
             "continuation is refused"
@@ -151,6 +152,15 @@ class BottleneckPretrainConfig(MaskedLMConfig):
             "help": "with --retrieval-similarity cosine: the bottleneck reads the pooled vector as it is, not "
             "L2-normalised (the default with cosine normalises it, as TSDAE's decoder reads a normalising "
             "model's output: then pre-training changes only the direction, what cosine sees)"
+        },
+    )
+    retrieval_raw_vectors: bool = field(
+        default=False,
+        metadata={
+            "help": "with --retrieval-similarity cosine: the model's vectors are not unit vectors (a "
+            "sentence-transformers model that compares by cosine without a Normalize module; the import sets it): "
+            "the export writes no Normalize module.  Nothing else changes: cosine scores, what the bottleneck "
+            "reads and the validation are the same"
         },
     )
     retrieval_probe_size: int = field(

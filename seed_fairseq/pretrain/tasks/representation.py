@@ -1,7 +1,8 @@
 """The model's vector across a continued run: a checkpoint is continued with the vector it records.
 
-``--bottleneck-pooling``, ``--retrieval-similarity`` and ``--retrieval-max-length`` are the model's
-vector (what every bottleneck reads, what the validation scores, what the export writes), and
+``--bottleneck-pooling``, ``--retrieval-similarity``, ``--retrieval-max-length`` and
+``--retrieval-raw-vectors`` are the model's vector (what every bottleneck reads, what the validation
+scores, what the export writes), and
 ``--bottleneck-unnormalized`` says what the bottleneck reads of it.  A run that continues a
 checkpoint -- a resume from ``checkpoint_last.pt``, ``--restore-file``, ``--finetune-from-model``:
 everything fairseq's ``Trainer.load_checkpoint`` loads (``fairseq_patches/restarts.py`` calls
@@ -56,6 +57,7 @@ class Vector:
     similarity: str = "dot"
     unnormalized: bool = False
     max_length: int = 0
+    raw_vectors: bool = False
 
     @classmethod
     def of(cls, options: Any) -> "Vector":
@@ -70,6 +72,7 @@ class Vector:
             str(get("retrieval_similarity", "dot")),
             bool(get("bottleneck_unnormalized", False)),
             int(get("retrieval_max_length", 0)),
+            bool(get("retrieval_raw_vectors", False)),
         )
 
     def cut(self, positions: Optional[int]) -> Optional[int]:
@@ -82,10 +85,11 @@ class Vector:
         return self.similarity == "cosine" and not self.unnormalized
 
     def differs(self, other: "Vector", positions: Optional[int], trained: bool) -> bool:
-        return (self.pooling, self.similarity, self.cut(positions)) != (
+        return (self.pooling, self.similarity, self.cut(positions), self.raw_vectors) != (
             other.pooling,
             other.similarity,
             other.cut(positions),
+            other.raw_vectors,
         ) or (trained and self.reads_normalized() != other.reads_normalized())
 
     def options(self) -> str:
@@ -94,10 +98,15 @@ class Vector:
             f"--bottleneck-pooling {self.pooling} --retrieval-similarity {self.similarity} "
             f"--retrieval-max-length {self.max_length}"
         )
-        return text + (" --bottleneck-unnormalized" if self.unnormalized else "")
+        return (
+            text
+            + (" --bottleneck-unnormalized" if self.unnormalized else "")
+            + (" --retrieval-raw-vectors" if self.raw_vectors else "")
+        )
 
     def record(self) -> Dict[str, Any]:
-        return dict(zip(REPRESENTATION_OPTIONS, (self.pooling, self.similarity, self.unnormalized, self.max_length)))
+        values = (self.pooling, self.similarity, self.unnormalized, self.max_length, self.raw_vectors)
+        return dict(zip(REPRESENTATION_OPTIONS, values))
 
 
 def _positions(state: dict, pad: int) -> Optional[int]:

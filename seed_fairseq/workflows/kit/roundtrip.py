@@ -30,15 +30,17 @@ def sample_texts(data, n: int = SAMPLE) -> List[str]:
 
 
 def describe(model) -> str:
-    """``Transformer -> Pooling(mean) -> Normalize, cosine, max 256 tokens``: a loaded model's modules,
-    similarity and text cut."""
+    """``Transformer -> Pooling(mean) -> Normalize, cosine, max 256 tokens``: a loaded model's modules
+    (``Normalize(at load)``: one its folder lacks, added because it compares by cosine), similarity and
+    text cut."""
     from ...encoders.retrieval import representations
-    from ...encoders.retrieval.search import similarity
+    from ...encoders.retrieval.search import ADDED_AT_LOAD, similarity
 
     parts = []
     for module in model:
         name = type(module).__name__
         mode = getattr(module, "pooling_mode", None)
+        mode = "at load" if getattr(module, ADDED_AT_LOAD, False) else mode
         parts.append(f"{name}({mode})" if isinstance(mode, str) else name)
     rep = representations.of_model(model).name
     cut = f", max {model.max_seq_length} tokens"
