@@ -19,7 +19,9 @@
 # Built here (~15 s, 2.6 MB): the device keeps its minutes for the checks. Without the sample this
 # says so, the bundle has no data/, and gpu_check builds the demo corpus there (16,384 pieces).
 # The interpreter that downloads the wheels is a Python 3.12: $PYTHON312, else python3.12 on PATH,
-# else pyenv's.
+# else pyenv's. Ctrl-C, SIGTERM or SIGHUP stop the maker's whole tree (pip, preprocess.build's workers)
+# before this script ends with 128 + N: OUT_DIR is whole or as it was (the maker builds beside it and
+# replaces it only when complete; a maker that is gone replaces nothing).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT="" WIKI="" WIKI_GIVEN=""
@@ -45,19 +47,40 @@ if ! is312 "$PY312"; then
     done
 fi
 [ -n "$PY312" ] || { echo "error: python3.12: none found (set PYTHON312=/path/to/python3.12)" >&2; exit 2; }
+# Each maker runs in the background under `timeout` with no time limit (0): timeout gives it a process
+# group of its own, passes a signal to that whole group and kills the group 10 s later (-k). In the
+# background, a trapped signal ends `wait` at once; in the foreground, bash would end on SIGTERM and
+# leave the maker to finish and replace OUT_DIR seconds later. The maker gets SIGTERM whatever this
+# script got: wheelhouse.py unwinds on it (its staging folder removed), where SIGHUP would end it at once.
+# fd 3 keeps this script's stderr for the trap, which may run while a child's stderr is redirected.
+exec 3>&2
+CHILD=""
+child() { timeout -k 10 0 "$@" 3>&- & CHILD=$!; wait "$CHILD"; }
+interrupted() {   # $1: INT, TERM or HUP
+    trap '' INT TERM HUP PIPE   # nothing breaks off the stopping: not a second signal, not a reader gone
+    if [ -n "$CHILD" ]; then
+        kill -s TERM "$CHILD" 2>/dev/null || true
+        for _ in $(seq 75); do kill -0 "$CHILD" 2>/dev/null || break; sleep 0.2; done   # 15 s whatever happens
+        kill -s KILL -- "-$CHILD" 2>/dev/null || true   # what is left of its group
+        wait "$CHILD" 2>/dev/null || true
+    fi
+    echo "device_bundle: interrupted (SIG$1): the maker is stopped; $OUT is whole or as it was" >&3
+    exit $((128 + $(kill -l "$1")))
+}
+for sig in INT TERM HUP; do trap "interrupted $sig" "$sig"; done
 DATA=()
 if [ -f "$WIKI" ]; then
     WIKI=$(cd "$(dirname "$WIKI")" && pwd)/$(basename "$WIKI")   # as preprocess.json records it
     TMP=$(mktemp -d)
     trap 'rm -rf "$TMP"' EXIT
     echo "data: preprocess.build of $WIKI, 32768 pieces"
-    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$PY" -m preprocess.build --wiki "$WIKI" --out "$TMP/data" --vocab-size 32768 \
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} child "$PY" -m preprocess.build --wiki "$WIKI" --out "$TMP/data" --vocab-size 32768 \
         --valid-docs 3 --test-docs 2 --line-unit paragraph --workers 1 2> "$TMP/build.log" \
         || { tail -5 "$TMP/build.log" >&2; exit 2; }
     DATA=(--data "$TMP/data")
 else
     echo "data: none: no Wikipedia sample at $WIKI; gpu_check will build the demo corpus on the device (16,384 pieces)"
 fi
-"$PY" "$ROOT/scripts/wheelhouse.py" make --python 3.12 --platform manylinux_2_28_x86_64 --extras hf \
+child "$PY" "$ROOT/scripts/wheelhouse.py" make --python 3.12 --platform manylinux_2_28_x86_64 --extras hf \
     --image "$ROOT/scripts/device_image.txt" --leave-out blingfire --download-python "$PY312" "${DATA[@]}" --out "$OUT"
 echo "device bundle $OUT: $(du -sh --apparent-size "$OUT" | cut -f1) in $(find "$OUT" -type f | wc -l) files${DATA[*]:+, data/ included}"

@@ -1,20 +1,30 @@
 """scripts/device_check.sh's gpu_check part in CI: the dry run (the GPU checks' code path on the CPU at
 tiny shape, every check passing) as the lent machine runs it, under a time budget, with what comes back
 in OUT within the device tool's limits (at most 8 files, no folder).  The install part is the opt-in
-rehearsal (tests/test_device_rehearsal.py)."""
+rehearsal (tests/test_device_rehearsal.py).
+
+Issue 43: a signal (Ctrl-C, SIGTERM, SIGHUP) to device_check.sh or device_bundle.sh stops the whole tree
+under it, copies what exists and exits 128 + N; --seconds is decimal with a maximum; a missing --bundle
+is refused before --out is made; the default venv and scratch folder are in this user's own folder."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO, run
+from test_faults_compare import _children, _gone_within, _stat, _wait_for
+from test_faults_gpucheck import DRIVER, FAKE_TRAIN
 from test_gpu_check import OBJECTIVE_NAMES
 
 from seed_fairseq.workflows.gpucheck import report
 
 SCRIPT = REPO / "scripts" / "device_check.sh"
+BUNDLE_SCRIPT = REPO / "scripts" / "device_bundle.sh"
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 EXPECTED_CHECKS = (
     ["generator"]
     + [f"{kind} {name}" for name in OBJECTIVE_NAMES for kind in ("train", "bf16 vs fp32")]
@@ -27,20 +37,97 @@ def device_check(out, work, *args, python=sys.executable, **env):
     return run(["bash", SCRIPT, "--dry-run", "--no-install", "--out", out, *args], env=env, cwd=REPO)
 
 
-def test_bad_options_are_one_error_line(tmp_path):
+def one_error_line_and_nothing_written(proc, says, out):
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: "), proc.stderr
+    assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()
+
+
+def test_bad_options_are_one_error_line_before_anything(tmp_path):
+    out, python = tmp_path / "out", recorder(tmp_path)  # should a bad option pass, no real gpu_check runs
     for args, says in (
-        (["--seconds", "5"], "--seconds 5: a whole number, 60 or more"),
+        (["--seconds", "5"], "--seconds 5: a whole number from 60 to 3600 (with --dry-run)"),
+        (["--seconds", "3601"], "--seconds 3601: a whole number from 60 to 3600"),
+        # bash arithmetic wraps at 2^63: 2^64 + 480 would have been read as 480
+        (["--seconds", "18446744073709552096"], "--seconds 18446744073709552096: a whole number from 60"),
+        (["--data", tmp_path / "no-data"], "no-data: --data: no such folder"),
         (["--frobnicate"], "--frobnicate: unknown option"),
     ):
-        proc = device_check(tmp_path / "out", tmp_path / "work", *args)
-        assert proc.returncode == 2 and proc.stderr.strip().startswith("error: "), proc.stderr
-        assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        one_error_line_and_nothing_written(device_check(out, tmp_path / "work", *args, python=python), says, out)
     proc = run(["bash", SCRIPT, "--dry-run"], env={"OUT": ""}, cwd=REPO)
     assert proc.returncode == 2 and "no --out DIR and no $OUT" in proc.stderr
+    env = {"TMPDIR": str(tmp_path), "PYTHON": str(python)}  # the default scratch folder, should a case get there
+    # the lent machine stops a command at 600 s: a longer run could never use its budget
+    proc = run(["bash", SCRIPT, "--no-install", "--seconds", "571", "--out", out], env=env, cwd=REPO)
+    one_error_line_and_nothing_written(proc, "--seconds 571: a whole number from 60 to 570 (the device tool", out)
     # the H200's second call (docs/gpu_runs/2026-11-27-h200-second): 300 s could not hold the install
-    proc = run(["bash", SCRIPT, "--seconds", "300", "--out", tmp_path / "short"], cwd=REPO)
-    assert proc.returncode == 2 and "--seconds 300: at least 420 with the install" in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "short").exists()
+    proc = run(["bash", SCRIPT, "--seconds", "300", "--out", out], env=env, cwd=REPO)
+    one_error_line_and_nothing_written(proc, "--seconds 300: at least 420 with the install", out)
+    # a bundle that is not there: refused before --out is made
+    proc = run(["bash", SCRIPT, "--bundle", tmp_path / "no-bundle", "--out", out], env=env, cwd=REPO)
+    one_error_line_and_nothing_written(proc, "no-bundle: no device bundle", out)
+
+
+def recorder(tmp_path):
+    """A stand-in Python (gpu_check among its calls) that records its arguments in tmp_path/calls.txt."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls.txt"}\n')
+    python.chmod(0o755)
+    return python
+
+
+def gpu_check_call(tmp_path):
+    lines = (tmp_path / "calls.txt").read_text().splitlines()
+    return [line for line in lines if "-m seed_fairseq.workflows.gpucheck" in line][-1].split()
+
+
+def test_seconds_are_decimal(tmp_path):
+    """0100 is 100 s (bash arithmetic read it as octal 64, and 08 or 09 not at all): gpu_check's budget is
+    what is left of them less the 20 s kept for the report."""
+    proc = device_check(tmp_path / "out", tmp_path / "work", "--seconds", "0100", python=recorder(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    call = gpu_check_call(tmp_path)
+    assert 70 < int(call[call.index("--budget-seconds") + 1]) <= 80, call
+
+
+def test_the_default_scratch_folder_is_this_users_own(tmp_path):
+    """The venv and gpu_check's scratch folder default to this user's folder of mode 0700 in $TMPDIR (or /tmp),
+    made by the first run and reused by the next; a path someone else made there first (a link, a folder
+    others may write in) is refused before anything runs from it or is written."""
+    python, out = recorder(tmp_path), tmp_path / "out"
+    own = tmp_path / "tmp" / f"seed-fairseq-device-{os.getuid()}"
+    own.parent.mkdir()
+    env = {"PYTHON": str(python), "TMPDIR": str(own.parent), "DEVICE_VENV": "", "DEVICE_WORK": ""}
+    for _ in range(2):  # made, then reused (a second call on the warm machine runs the first one's venv)
+        proc = run(["bash", SCRIPT, "--dry-run", "--no-install", "--out", out], env=env, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        call = gpu_check_call(tmp_path)
+        assert call[call.index("--out") + 1] == str(own / "work"), call
+        assert own.is_dir() and not own.is_symlink() and own.stat().st_mode & 0o777 == 0o700
+    # planted: a link to someone's folder with a venv whose python would run in the install, or a folder
+    # others may write in
+    theirs = tmp_path / "theirs"
+    (theirs / "venv" / "bin").mkdir(parents=True)
+    planted = theirs / "venv" / "bin" / "python"
+    planted.write_text(f"#!/bin/sh\ntouch {tmp_path / 'ran'}\n")
+    planted.chmod(0o755)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for plant in ("link", "mode 0777"):
+        if own.is_symlink():
+            own.unlink()
+        else:
+            own.rmdir()
+        if plant == "link":
+            own.symlink_to(theirs)
+        else:
+            own.mkdir()
+            own.chmod(0o777)
+        out = tmp_path / f"out-{plant.split()[0]}"
+        proc = run(["bash", SCRIPT, "--dry-run", "--bundle", bundle, "--seconds", "420", "--out", out], env=env,
+                   cwd=REPO)  # fmt: skip
+        one_error_line_and_nothing_written(proc, f"{own}: not a folder of this user's with mode 0700", out)
+        assert not (tmp_path / "ran").exists()
 
 
 def test_the_bundles_data_set_is_passed_to_gpu_check(tmp_path):
@@ -139,3 +226,133 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
     log = (out / "gpu_check.log").read_text()
     assert json.loads([line for line in log.splitlines() if line.startswith("{")][-1])["passed"] is True
     assert os.path.isfile(work / "work" / "hf" / "config.json")
+
+
+# ---- issue 43: a signal stops the whole tree ---------------------------------------------------------
+
+# Stands in for a Python: says 3.12 (device_bundle.sh asks) and ends every other call at once, but for the
+# one whose arguments hold $STAGE (a maker, the install's first step): that one records its pid, runs a
+# child that records its own and waits (pip, a worker), and should it ever go on, replaces the bundle.
+STAND_IN = """#!/bin/bash
+[ "$1" = -c ] && { echo 3.12; exit 0; }
+case "$*" in *"$STAGE"*) ;; *) exit 0 ;; esac
+echo $$ > "$PIDS/maker"
+bash -c 'echo $$ > "$PIDS/child"; exec sleep 600'
+echo replaced > "$BUNDLE/keep.txt"
+"""
+
+
+def stand_in(tmp_path, stage):
+    python, pids, bundle = tmp_path / "python", tmp_path / "pids", tmp_path / "bundle"
+    python.write_text(STAND_IN)
+    python.chmod(0o755)
+    pids.mkdir()
+    bundle.mkdir()
+    (bundle / "keep.txt").write_text("old\n")
+    return python, {"PYTHON": str(python), "STAGE": stage, "PIDS": str(pids), "BUNDLE": str(bundle)}
+
+
+def start(cmd, tmp_path, **env):
+    """``cmd`` in a session of its own, its output in files (a process it leaves holds no pipe of the test's)."""
+    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
+        return subprocess.Popen([str(c) for c in cmd], cwd=REPO, stdout=out, stderr=err, start_new_session=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **env))  # fmt: skip
+
+
+def interrupt_when(ready, proc, sig):
+    """``sig`` once ``ready()``, as Ctrl-C sends it (to the terminal's foreground process group) or ``kill``
+    (to the process); then the exit status (None: still running after 60 s) and the command lines of the
+    processes that were under ``proc`` at the signal and outlived it (killed here, once listed)."""
+    _wait_for(lambda: ready() or proc.poll() is not None, 120, "the step to start")
+    assert proc.poll() is None, f"ended before the signal: exit {proc.returncode}"
+    tree, todo = [], [proc.pid]
+    while todo:
+        kids = _children(todo.pop())
+        tree, todo = tree + kids, todo + kids
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+        proc.kill()
+        proc.wait()
+    _gone_within(tree, 2.0)
+    left = {}
+    for pid in tree:
+        try:
+            if _stat(pid):
+                left[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile (ProcessLookupError is one)
+            left.pop(pid, None)
+    return code, left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_a_signal_during_gpu_check_stops_the_whole_tree(tmp_path, sig):
+    """gpu_check's data-parallel check (test_faults_gpucheck's driver: a stand-in trainer, two torchrun workers
+    waiting) under device_check.sh: Ctrl-C (which `timeout`'s own process group never saw), SIGTERM or SIGHUP
+    stops timeout, gpu_check, torchrun and the workers, the report gpu_check wrote on the way out is copied
+    and device_check.txt says "interrupted"."""
+    fake, driver, wrapper = tmp_path / "fake_train.py", tmp_path / "driver.py", tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_TRAIN}")
+    fake.chmod(0o755)
+    driver.write_text(DRIVER)
+    # gpu_check.sh runs `$PYTHON -m seed_fairseq.workflows.gpucheck ... --out WORK ...`: the driver on WORK;
+    # the machine's facts (the other calls) end at once
+    wrapper.write_text(
+        '#!/bin/bash\ncase "$*" in *gpucheck*) ;; *) exit 0 ;; esac\n'
+        f'while [ "$1" != --out ]; do shift; done\nexec {sys.executable} {driver} {fake} "$2"\n'
+    )
+    wrapper.chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = start(["bash", SCRIPT, "--dry-run", "--no-install", "--seconds", "120", "--out", out], tmp_path,
+                 PYTHON=str(wrapper), DEVICE_WORK=str(work))  # fmt: skip
+    workers = work / "work" / "data-parallel"
+    code, left = interrupt_when(lambda: len(list(workers.glob("worker-*.pid"))) >= 2, proc, sig)
+    summary = (out / "device_check.txt").read_text()
+    assert code == 128 + sig, f"exit {code}\n{summary}{(tmp_path / 'stderr.txt').read_text()[-2000:]}"
+    assert not left, f"left running: {left}"
+    assert f"device_check: interrupted ({sig.name}) during gpu_check" in summary, summary
+    rep = json.loads((out / report.JSON_NAME).read_text())
+    assert [(c["name"], c["status"]) for c in rep["checks"]] == [("data parallel", "not run"), ("HF export", "not run")]
+    assert f"interrupted ({sig.name})" in rep["checks"][0]["detail"], rep["checks"]
+    assert "report: gpu_check: INCOMPLETE" in summary and (out / report.MARKDOWN_NAME).is_file(), summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_a_signal_during_the_install_stops_it(tmp_path, sig):
+    """setup_env.sh's first step (wheelhouse.py check, a stand-in that waits with a child) under device_check.sh:
+    the signal stops the install's whole tree; no report (gpu_check never ran), the summary says where."""
+    _, env = stand_in(tmp_path, "wheelhouse.py check")
+    out = tmp_path / "out"
+    proc = start(["bash", SCRIPT, "--dry-run", "--bundle", env["BUNDLE"], "--seconds", "420", "--out", out], tmp_path,
+                 DEVICE_VENV=str(tmp_path / "venv"), DEVICE_WORK=str(tmp_path / "work"), **env)  # fmt: skip
+    code, left = interrupt_when((tmp_path / "pids" / "child").exists, proc, sig)
+    summary = (out / "device_check.txt").read_text()
+    assert code == 128 + sig and not left, (code, left, summary)
+    assert f"device_check: interrupted ({sig.name}) during the install" in summary, summary
+    assert not (out / report.JSON_NAME).exists() and (out / "install.log").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["preprocess.build", "wheelhouse.py make"])
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_a_signal_stops_device_bundles_maker_and_leaves_the_bundle(tmp_path, sig, stage):
+    """device_bundle.sh's makers (stand-ins that wait with a child, then would replace the bundle): the signal
+    stops the maker's whole tree, so nothing replaces the existing bundle afterwards; exit 128 + N."""
+    python, env = stand_in(tmp_path, stage)
+    sample = tmp_path / "sample.xml.bz2"  # the data set's build runs when the sample is there
+    sample.write_bytes(b"")
+    bundle = tmp_path / "bundle"
+    proc = start(["bash", BUNDLE_SCRIPT, "--wiki", sample, bundle], tmp_path, PYTHON312=str(python), **env)
+    code, left = interrupt_when((tmp_path / "pids" / "child").exists, proc, sig)
+    err = (tmp_path / "stderr.txt").read_text()
+    assert code == 128 + sig and not left, (code, left, err)
+    assert f"device_bundle: interrupted ({sig.name}): the maker is stopped" in err, err
+    assert [p.name for p in bundle.iterdir()] == ["keep.txt"] and (bundle / "keep.txt").read_text() == "old\n"
