@@ -454,6 +454,23 @@ def test_the_cut_is_read_wherever_sentence_transformers_keeps_it(where, sentence
     assert SentenceTransformer(str(model), device="cpu", local_files_only=True).max_seq_length == cut  # as it reads
 
 
+def test_a_cut_beyond_robertas_positions_is_capped_at_them(tiny, tmp_path):
+    """A RoBERTa folder whose tokenizer sets no length: sentence-transformers cuts at max_position_embeddings
+    (64), 2 more than the tokens RoBERTa's positions take (62); the tools cut at 62, where a longer text would
+    be an index error, and the import records no cut of the model's own."""
+    from seed_fairseq.encoders.hf.import_ import read_source
+    from seed_fairseq.encoders.retrieval.search import encode, load_model
+
+    model = save_sentence_model(tmp_path / "st", "mean", normalize=False, saver=lambda out, **kw: _copy(
+        tiny["roberta"], out))  # fmt: skip
+    (model / "sentence_bert_config.json").write_text("{}")
+    _set_json(model / "tokenizer_config.json", model_max_length=10**30)
+    loaded = load_model(str(model), "cpu")
+    assert loaded.max_seq_length == 62
+    assert encode(loaded, [" ".join(ODD_STRINGS) * 8], show_progress=False).shape == (1, 32)
+    assert read_source(model).representation.max_length == 0
+
+
 @pytest.mark.parametrize(
     "name,similarity", [("cos_sim", "cosine"), ("COSINE", "cosine"), ("Dot", "dot"), ("dot_product", "dot")]
 )
