@@ -14,7 +14,10 @@ Runs, one after the other (never two at a time, so they do not slow each other d
 5. ``encode_throughput.py``: corpus encoding docs/s vs ``SentenceTransformer.encode`` for
    fp32 / bf16 / int8, with the MRR@10 change of each;
 6. ``data_pipeline.py``: blocks/s one data-loader worker produces vs what an H100 consumes at
-   40% MFU, per objective (``--quick``: the producers only, no base-shape FLOP count).
+   40% MFU, per objective (``--quick``: the producers only, no base-shape FLOP count);
+7. ``optimizer_step.py``: the optimizer's share of an update (gradient norm, step, zero_grad),
+   ``torch_adam`` vs fairseq's ``adam`` in fp32, --fp16 and --bf16, time and kernel launches
+   (``--quick``: tiny shape).
 
 Prints the machine (CPU, cores, memory, load average before and after), then the table
 (markdown). ``--update-readme`` writes the machine and the table into
@@ -264,6 +267,34 @@ def table(results):
                     cmd,
                 )
             )
+    if results.get("optimizer"):
+        r, cmd = results["optimizer"]
+        for precision in ("fp32", "fp16", "bf16"):
+            new, old, s = (
+                r["results"][precision]["torch_adam"],
+                r["results"][precision]["adam"],
+                r["summary"][precision],
+            )
+            rows.append(
+                (
+                    f"optimizer share of an update, torch_adam / adam, {precision}",
+                    f"{fmt(s['time_ratio'])} wall, {fmt(s['cpu_ratio'])} CPU",
+                    f"{1000 * new['seconds_total']:.0f} vs {1000 * old['seconds_total']:.0f} ms (norm + step + "
+                    f"zero_grad; step alone {fmt(s['step_time_ratio'])}); kernel launches {new['launches_total']} vs "
+                    f"{old['launches_total']}",
+                    cmd,
+                )
+            )
+        for optimizer, s in r["summary"]["bf16_over_fp16"].items():
+            rows.append(
+                (
+                    f"optimizer share of an update, bf16 / fp16, {optimizer}",
+                    f"{fmt(s['time_ratio'])} wall, {fmt(s['cpu_ratio'])} CPU",
+                    f"kernel launches {fmt(s['launch_ratio'])}x"
+                    + ("; target <= 1 (bf16 at least as fast as fp16)" if optimizer == "torch_adam" else ""),
+                    cmd,
+                )
+            )
     lines = ["| measurement | ratio | details | command |", "| --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | `{d}` |" for a, b, c, d in rows]
     return "\n".join(lines)
@@ -311,6 +342,8 @@ def main(argv=None):
         results["preprocess"] = run("preprocess", "preprocess_throughput.py", pre, tmp)
         results["encode"] = run("encode", "encode_throughput.py", threads, tmp)
         results["pipeline"] = run("pipeline", "data_pipeline.py", ["--no-flops"] if args.quick else [], tmp)
+        opt = ["--arch-size", "tiny" if args.quick else "base", "--threads", args.threads]
+        results["optimizer"] = run("optimizer", "optimizer_step.py", opt, tmp)
     results = {k: v for k, v in results.items() if v and v[0] is not None}
     load_after = os.getloadavg()
     text = (

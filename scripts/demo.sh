@@ -21,7 +21,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/fairseq-train "$OUT/data-bin" --user-dir seed_fairseq \
   --task seed_pretrain --criterion seed_pretrain --arch seed_encoder_tiny \
   --tokens-per-sample 128 --batch-size 16 --update-freq 1 \
-  --optimizer adam --adam-betas '(0.9,0.999)' --adam-eps 1e-6 --weight-decay 0.01 \
+  --optimizer torch_adam --adam-betas '(0.9,0.999)' --adam-eps 1e-6 --weight-decay 0.01 \
   --lr 5e-4 --lr-scheduler polynomial_decay --warmup-updates 30 --total-num-update "$UPDATES" \
   --clip-norm 1.0 --dropout 0.1 --attention-dropout 0.1 \
   --max-update "$UPDATES" --validate-interval-updates 100 --save-interval-updates 100 \

@@ -16,11 +16,16 @@ inside its ``install`` function, so no module here needs the plugin first.
 7. ``save_dir_lock``: one run per save-dir, a killed run's debris removed.
 8. ``user_errors``: ``error: FILE: problem`` and status 2, not a traceback.
 9. ``optimizer_groups``: parameter groups with their own learning rate (the encoder's
-   schedule of continued pre-training, ``tasks/encoder_lr.py``).
+   schedule of continued pre-training, ``tasks/encoder_lr.py``); with ``optimizer_switch``,
+   a run of fairseq's ``adam`` resumed with ``torch_adam`` and back.
 10. ``bf16_device``: ``--bf16`` on the CUDA device (or ``--cpu``) when there is no TPU
    (fairseq 0.12 reads ``--bf16`` as ``--tpu``).
 11. ``quiet_warnings``: the known-harmless hydra/torch/autocast warnings of a CPU run
    filtered by message and category (no fairseq attribute: not in the table).
+12. ``grad_norm``: the gradient norm of every update in one multi-tensor kernel
+   (``torch._foreach_norm``) instead of one ``torch.norm`` per gradient without apex.
+13. ``master_grads``: ``--bf16``'s unflattened fp32 master gradients zeroed in one
+   multi-tensor kernel, not one ``zero_()`` per tensor.
 
 Not applied at run time: ``lazy_metrics`` edits the installed fairseq once, at install
 (``scripts/setup_env.sh``), so that ``fairseq-train`` does not import scikit-learn at start.
@@ -45,6 +50,8 @@ from . import (
     bf16_device,
     checkpoint_loading,
     clean_exit,
+    grad_norm,
+    master_grads,
     optimizer_groups,
     quiet_warnings,
     restarts,
@@ -151,7 +158,8 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         "fairseq.trainer",
         "Trainer._build_optimizer",
-        "the optimizer's one parameter group split by the task's labels, so that groups get their own rates",
+        "the optimizer's one parameter group split by the task's labels, so that groups get their own rates; "
+        "a checkpoint of adam accepted by torch_adam and back (optimizer_switch)",
         optimizer_groups.install,
         (
             "Trainer._build_optimizer(self)",
@@ -172,6 +180,20 @@ PATCHES: Tuple[Patch, ...] = (
         "the same, for fairseq-train, which imported the function by name",
         bf16_device.install,
         ("convert_namespace_to_omegaconf(args)",),
+    ),
+    Patch(
+        "fairseq.utils",
+        "clip_grad_norm_",
+        "the gradient norm in one multi-tensor kernel (torch._foreach_norm), not one torch.norm per gradient",
+        grad_norm.install,
+        ("clip_grad_norm_(params, max_norm, aggregate_norm_fn)",),
+    ),
+    Patch(
+        "fairseq.optim.fp16_optimizer",
+        "_FP16OptimizerMixin.zero_grad",
+        "--bf16's unflattened fp32 master gradients zeroed by one _foreach_zero_, not one zero_() per tensor",
+        master_grads.install,
+        ("_FP16OptimizerMixin.zero_grad(self)", "_FP16OptimizerMixin.has_flat_params"),
     ),
     Patch(
         "fairseq_cli.train",

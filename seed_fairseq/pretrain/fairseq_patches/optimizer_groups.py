@@ -26,6 +26,10 @@ resumes with it.  The task sets each group's rate around the step
 (``BottleneckPretrainTask.optimizer_step``) and puts the scheduled one back,
 so fairseq's scheduler, its ``lr`` log column and its saved state never see
 the factors.
+
+The same replacement lets a run of fairseq's ``adam`` resume with ``torch_adam`` and back
+(``optimizer_switch.accept_switch``, called once the optimizer is built: fairseq compares the
+checkpoint's optimizer with it right after).
 """
 
 import functools
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
 from ._common import MARK, logger, mark
+from .optimizer_switch import accept_switch
 
 GROUP_KEY = "seed_fairseq_lr_group"
 
@@ -120,6 +125,7 @@ def install() -> None:
             logger.info("per-group learning rates: fp16/bf16 parameters kept unflattened (--fp16-no-flatten-grads)")
             common.fp16_no_flatten_grads = True
         original(self)
+        accept_switch(self)
         if hook is None:
             return
         if labels:

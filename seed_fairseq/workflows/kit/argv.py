@@ -4,6 +4,8 @@
     train_args(d, ...)        what follows DATA: d's --user-dir (another's), --task, --criterion,
                               --arch, the model's sizes, d's own settings, then the run's options
     GENERATOR                 SimLM's generator (a small MLM-only encoder: ``objectives.generator_args``)
+    DEFAULT_OPTIMIZER         the optimizer the tools' runs use (``torch_adam``); ADAM_OPTIMIZERS, the
+                              ones that take the options written with it (--adam-betas, --adam-eps)
     parse_argv(data, args)    DATA --user-dir seed_fairseq ARGS: what fairseq's own parser reads
                               (``base/user_dir.py``: the FLOPs count and the in-process runs parse it)
     command(data, args, ...)  the full command: [launcher] fairseq-train DATA --user-dir ... ARGS
@@ -33,6 +35,13 @@ GENERATOR = ObjectiveDescription(
 FAIRSEQ_MLM = ObjectiveDescription(
     "masked_lm", "masked_lm", task="masked_lm", arch="roberta_base", label="fairseq's masked_lm"
 )
+
+# fairseq's adam update on torch's fused kernel (pretrain/optim/torch_adam.py): what every run the tools
+# write uses.  fairseq's own "adam" computes the same update (its Python loop, one tensor at a time) and
+# takes the same options; a tool that measures fairseq's own stack (gpucheck's masked_lm reference)
+# passes "adam" instead of this.
+DEFAULT_OPTIMIZER = "torch_adam"
+ADAM_OPTIMIZERS = ("torch_adam", "adam")
 
 # one plain SGD step with learning rate 1: the weight change is the gradient (the data-parallel
 # checks: tests/test_contract.py and gpucheck)

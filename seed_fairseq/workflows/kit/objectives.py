@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ...base.objectives import ObjectiveDescription
-from .argv import GENERATOR, train_args
+from .argv import ADAM_OPTIMIZERS, DEFAULT_OPTIMIZER, GENERATOR, train_args
 
 
 @dataclass(frozen=True)
@@ -253,8 +253,7 @@ def common_args(s: PretrainSettings) -> List[str]:
         "complete",
         "--update-freq",
         str(s.update_freq),
-        "--optimizer",
-        "adam",
+        *optimizer_args(s.fairseq_args),
         "--adam-betas",
         "(0.9,0.999)",
         "--adam-eps",
@@ -287,6 +286,24 @@ def common_args(s: PretrainSettings) -> List[str]:
         # CPU: denormal flush (the Adam moments of rare vocabulary rows; see --flush-denormal of the tasks)
         *([] if s.gpu else ["--cpu", "--flush-denormal"]),
     ]
+
+
+def named_optimizer(args: Sequence[str]) -> Optional[str]:
+    """The optimizer ``args`` name (``--optimizer X`` or ``--optimizer=X``, the last one), None if none."""
+    named = None
+    for i, a in enumerate(args):
+        if a == "--optimizer" and i + 1 < len(args):
+            named = args[i + 1]
+        elif a.startswith("--optimizer="):
+            named = a.split("=", 1)[1]
+    return named
+
+
+def optimizer_args(fairseq_args: Sequence[str]) -> List[str]:
+    """``--optimizer DEFAULT_OPTIMIZER``, or nothing when ``--fairseq-args`` names the optimizer
+    (``--optimizer adam``: fairseq's own, the default before torch_adam): then the user's stands alone
+    (``check_fairseq_args`` accepts the ones of ``ADAM_OPTIMIZERS``, which take the options written here)."""
+    return [] if named_optimizer(fairseq_args) else ["--optimizer", DEFAULT_OPTIMIZER]
 
 
 def objective_args(spec: ObjectiveSpec, s: PretrainSettings, seed: int, generator: str = None) -> List[str]:
@@ -360,10 +377,20 @@ def check_fairseq_args(user: Sequence[str], planned: Sequence[str], flag: str = 
     """ValueError when ``user`` (``--fairseq-args``) sets an option of ``planned`` (the tool's own
     fairseq-train arguments), under its name or an alias (``--max-sentences`` for ``--batch-size``):
     fairseq would take the last value, while the tool's report states its planned one.  Options the
-    tool does not set (``--fp16``, ``--required-batch-size-multiple``) are what the flag is for."""
+    tool does not set (``--fp16``, ``--required-batch-size-multiple``) are what the flag is for.  The
+    one planned option the flag may set is ``--optimizer``, to another of ``ADAM_OPTIMIZERS`` (the
+    tools then write the user's instead of theirs: ``optimizer_args``)."""
     dests = _training_options()
     mine = _options(planned, dests)
+    named = named_optimizer(user)
+    if named is not None and named not in ADAM_OPTIMIZERS:
+        raise ValueError(
+            f"{flag}: --optimizer {named}: the tools write adam's options (--adam-betas, --adam-eps, "
+            f"--weight-decay); choose {' or '.join(ADAM_OPTIMIZERS)}"
+        )
     for dest, opt in _options(user, dests).items():
+        if dest == "optimizer":
+            continue  # one of ADAM_OPTIMIZERS (above)
         if dest in mine:
             raise ValueError(
                 f"{flag}: {opt} is planned by the tool (as {mine[dest]}), and its report states the planned value; "
