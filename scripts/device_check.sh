@@ -15,7 +15,8 @@
 # (default /opt/torch/.venv/bin/python3, else python3); $DEVICE_VENV and $DEVICE_WORK the venv and
 # gpu_check's scratch folder (default: venv/ and work/ in ${TMPDIR:-/tmp}/seed-fairseq-device-UID, this
 # user's folder of mode 0700, made by the first run and reused by the next). After `--`: gpu_check's own
-# options (e.g. `-- --objectives simlm,cpdae`: a second call for what a first left out).
+# options (e.g. `-- --objectives simlm,cpdae`: a second call for what a first left out; `-- --no-profile`:
+# no kernel profile, which is on by default and gives way to the time budget by itself).
 #
 # At most 8 files in $OUT, no folder: device_check.txt (the summary: each step, its seconds and exit
 # status), install.log, versions.txt, nvidia-smi.txt, gpu_check.json, gpu_check.md, gpu_check.log and,

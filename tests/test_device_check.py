@@ -20,14 +20,18 @@ from test_faults_compare import _children, _gone_within, _stat, _wait_for
 from test_faults_gpucheck import DRIVER, FAKE_TRAIN
 from test_gpu_check import OBJECTIVE_NAMES
 
-from seed_fairseq.workflows.gpucheck import report
+from seed_fairseq.workflows.gpucheck import kernels, report
+from seed_fairseq.workflows.gpucheck.profile import REFERENCE, REFERENCE_OPTIMIZER, default_optimizer
 
 SCRIPT = REPO / "scripts" / "device_check.sh"
 BUNDLE_SCRIPT = REPO / "scripts" / "device_bundle.sh"
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+# masked_lm with fairseq's adam, when the default optimizer is another: trained, not compared (same first update)
+REFERENCE_RUNS = [REFERENCE] if default_optimizer() != REFERENCE_OPTIMIZER else []
 EXPECTED_CHECKS = (
     ["generator"]
     + [f"{kind} {name}" for name in OBJECTIVE_NAMES for kind in ("train", "bf16 vs fp32")]
+    + [f"train {name}" for name in REFERENCE_RUNS]
     + ["data parallel", "HF export", "encode bf16", "faiss"]
 )
 
@@ -195,10 +199,16 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
     # the data-parallel check really ran 2 gloo processes
     dp = next(c for c in rep["checks"] if c["name"] == "data parallel")
     assert "2 processes (gloo)" in dp["detail"]
-    assert sorted(rep["objectives"]) == sorted(OBJECTIVE_NAMES)
+    assert sorted(rep["objectives"]) == sorted(OBJECTIVE_NAMES + REFERENCE_RUNS)
     for name, entry in rep["objectives"].items():
         t = entry["training"]["bf16"]  # fairseq's mixed-precision trainer, on the CPU
-        assert t["batch"] == 8 and t["search"] == [[2, True], [4, True], [8, True]], name
+        # the reference is masked_lm's model: it starts where masked_lm's search ended
+        search = [[8, True]] if name in REFERENCE_RUNS else [[2, True], [4, True], [8, True]]
+        assert t["batch"] == 8 and t["search"] == search, name
+        optimizer = REFERENCE_OPTIMIZER if name in REFERENCE_RUNS else default_optimizer()
+        assert t["optimizer"] == optimizer, name
+        # words/s: after the counted update and 1 of warm-up, on 4 (two halves of 2)
+        assert t["measured_updates"] == 4 and t["warmup_updates"] == 1 and len(t["words_per_second_halves"]) == 2
         # the budget leaves room for every update the dry run plans
         assert t["updates"] == t["updates_planned"] == 6 and not t["stopped_early"], name
         assert len(t["losses"]) == 6 and t["losses"][-1] < t["losses"][0], name
@@ -208,6 +218,9 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
         # the encoder's input tokens, each once: CPDAE's first view, recomputed in backward, is not a third
         views = 2 if name == "cpdae" else 1
         assert 0 < t["tokens_per_update"] <= t["batch"] * 48 * views, name
+        if name in REFERENCE_RUNS:
+            assert "fixed_batch" not in entry, name
+            continue
         fixed = entry["fixed_batch"]["bf16"]
         assert fixed["bands"] == [3e-2, 1.5e-1], name
         assert fixed["relative_difference"]["loss"] <= 3e-2 and fixed["relative_difference"]["gnorm"] <= 1.5e-1, name
@@ -223,6 +236,21 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
     for name in EXPECTED_CHECKS:
         assert f"| {name}" in md
     assert "## The paper's run (1,000,000 updates x 256 x 512 tokens), projected" in md
+    # the kernel profile of every run, in both files (issue 44): the CPU's aten ops in the dry run
+    section = rep["kernel_profile"]
+    assert section["title"] == "Kernel profile" and set(section["classes"]) == set(kernels.CLASSES)
+    profiles = {r["objective"]: r for r in section["runs"]}
+    assert sorted(profiles) == sorted(OBJECTIVE_NAMES + REFERENCE_RUNS)
+    assert "## Kernel profile" in md and "profiled: CPU aten ops (self time)" in md
+    for name, r in profiles.items():
+        assert r["precision"] == "bf16" and r["status"] == "ok" and r["activity"] == "CPU aten ops (self time)", r
+        assert r["updates"] == 2 and r["launches_per_update"] > 100 and len(r["top"]) == kernels.TOP, name
+        assert sum(c["share"] for c in r["classes"].values()) == pytest.approx(1.0), name
+        for key in ("gemm", "attention", "vocabulary", "elementwise", "optimizer", "gradient_norm", "host_gaps"):
+            assert r["classes"][key]["share"] > 0, (name, key)
+        optimizer = f"fairseq's {REFERENCE_OPTIMIZER} (reference)" if name in REFERENCE_RUNS else default_optimizer()
+        assert f"| {name} | bf16 | {optimizer} | 2 | " in md, name
+        assert f"### {name} bf16 ({optimizer}): the 15 kernels with the most time" in md, name
     log = (out / "gpu_check.log").read_text()
     assert json.loads([line for line in log.splitlines() if line.startswith("{")][-1])["passed"] is True
     assert os.path.isfile(work / "work" / "hf" / "config.json")

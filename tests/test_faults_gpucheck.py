@@ -28,6 +28,7 @@ from helpers import REPO
 from seed_fairseq.workflows.gpucheck import budget as budget_mod
 from seed_fairseq.workflows.gpucheck import cli, report
 from seed_fairseq.workflows.gpucheck.profile import dry_run_profile
+from seed_fairseq.workflows.kit.argv import DEFAULT_OPTIMIZER
 
 
 def one_error_line(capsys, code, expected_code=2):
@@ -162,8 +163,18 @@ def test_a_full_disk_while_building_the_data_is_one_error_line(tmp_path):
     with EFBIG as they fail with ENOSPC on a full disk)."""
     out = tmp_path / "out"
     proc = subprocess.run(
-        ["bash", "-c", 'ulimit -f 64 && exec "$@"', "limited", sys.executable, "-m", "seed_fairseq.workflows.gpucheck",
-         "--dry-run", "--out", str(out)],  # fmt: skip
+        [
+            "bash",
+            "-c",
+            'ulimit -f 64 && exec "$@"',
+            "limited",
+            sys.executable,
+            "-m",
+            "seed_fairseq.workflows.gpucheck",
+            "--dry-run",
+            "--out",
+            str(out),
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -248,8 +259,10 @@ def test_each_run_takes_the_updates_its_share_holds(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runs, "Run", FakeRun)
 
-    def check(seconds):
-        c = cli.GpuCheck(dry_run_profile(), tmp_path, tmp_path / "corpus.txt", None, budget_mod.Budget(seconds))
+    def check(seconds):  # no kernel profile: its share of the budget is test_the_profile_gives_way_...'s
+        c = cli.GpuCheck(
+            dry_run_profile(), tmp_path, tmp_path / "corpus.txt", None, budget_mod.Budget(seconds), kernel_profile=False
+        )
         c.p.updates = 30
         return c
 
@@ -346,3 +359,124 @@ def test_ctrl_c_during_the_data_parallel_check_stops_the_torchrun_workers(tmp_pa
     assert not [pid for pid in workers if alive(pid)], f"orphaned torchrun workers: {workers}"
     rep = json.loads((out / report.JSON_NAME).read_text())
     assert [(c["name"], c["status"]) for c in rep["checks"]] == [("data parallel", "not run"), ("HF export", "not run")]
+
+
+# ---- issue 44: the kernel profile gives way to the budget, and its failure is its own -------------------
+
+
+def _profiled(monkeypatch, profile=None):
+    """Runs on test_gpu_check's stand-in device (updates of 0.5 s) with a stand-in kernel profile; the
+    profiles taken are listed."""
+    from test_gpu_check import FakeRun
+
+    from seed_fairseq.workflows.gpucheck import kernels, runs
+
+    taken = []
+
+    def fake(run, updates, warmup):
+        taken.append((updates, warmup))
+        if profile is not None:
+            return profile(run, updates, warmup)
+        return {"status": "ok", "activity": "CPU aten ops (self time)", "updates": updates, "summing_seconds": 0.1}
+
+    monkeypatch.setattr(runs, "Run", FakeRun)
+    monkeypatch.setattr(kernels, "profile_updates", fake)
+    return taken
+
+
+def _check(tmp_path, seconds, **kw):
+    c = cli.GpuCheck(dry_run_profile(), tmp_path, tmp_path / "corpus.txt", None, budget_mod.Budget(seconds), **kw)
+    c.p.updates = 30
+    return c
+
+
+def test_the_profile_gives_way_when_the_budget_is_short(tmp_path, monkeypatch):
+    """Updates of 0.5 s: the profile (1 + 2 updates under the profiler, 2x slower, and 0.2 s each to read)
+    is estimated at 3.4 s. A share of 20 s holds it and a steady words/s (1 counted + 1 warm-up + 4
+    measured updates); one of 7 s holds only the updates, 5 s only the minimum: "not run", the training
+    check passes all the same; without a budget it is always taken."""
+    taken = _profiled(monkeypatch)
+    roomy = _check(tmp_path, 1000.0)
+    assert roomy.train_objective("seed", [], "bf16", share=20.0).status == report.PASS
+    assert taken == [(2, 1)] and roomy.kernel_profiles[-1]["status"] == "ok"
+    assert roomy.kernel_profiles[-1]["objective"] == "seed" and roomy.kernel_profiles[-1]["precision"] == "bf16"
+    assert roomy.summing == pytest.approx(0.05)  # the next runs' estimate: this profile's reading, per update
+    for share, updates in ((7.0, 8), (5.0, 4)):  # (share - 1 s of comparison - 1.5 s of overhead) / 0.5 s
+        short = _check(tmp_path, 1000.0)
+        assert short.train_objective("seed", [], "bf16", share=share).status == report.PASS
+        assert updates <= short.objectives["seed"]["training"]["bf16"]["updates"] <= updates + 1, share
+        entry = short.kernel_profiles[-1]
+        assert entry["status"] == report.NOT_RUN, share
+        assert entry["detail"] == "not run: the time budget left no room for it (3.4 s estimated)", share
+    assert len(taken) == 1
+    unlimited = _check(tmp_path, None)
+    unlimited.train_objective("seed", [], "bf16")
+    assert len(taken) == 2 and unlimited.kernel_profiles[-1]["status"] == "ok"
+    # the section says why, never as a failed or unrun check
+    short.add(report.Check("train seed bf16", report.PASS, "ok"))
+    rep = short.write_report()
+    assert rep["failed"] == [] and rep["not_run"] == []
+    assert rep["kernel_profile"]["title"] == "Kernel profile" and rep["kernel_profile"]["runs"] == [entry]
+    md = (tmp_path / report.MARKDOWN_NAME).read_text()
+    optimizer = DEFAULT_OPTIMIZER
+    assert f"| seed | bf16 | {optimizer} | not run: the time budget left no room for it (3.4 s estimated) |" in md
+
+
+def test_no_profile_turns_it_off(tmp_path, monkeypatch, capsys):
+    taken = _profiled(monkeypatch)
+    off = _check(tmp_path, None, kernel_profile=False)
+    assert off.train_objective("seed", [], "bf16").status == report.PASS
+    assert taken == [] and off.kernel_profiles[-1]["detail"] == "not run: --no-profile"
+    seen = []
+
+    class Stub(cli.GpuCheck):
+        def prepare(self):
+            self.work.mkdir(parents=True, exist_ok=True)
+
+        def run(self):
+            seen.append(self.kernel_profile)
+            self.add(report.Check("generator", report.PASS, "ok"))
+            return self.write_report()
+
+    monkeypatch.setattr(cli, "GpuCheck", Stub)
+    assert cli.main(["--dry-run", "--out", str(tmp_path / "a"), "--no-profile"]) == 0
+    assert cli.main(["--dry-run", "--out", str(tmp_path / "b")]) == 0
+    assert cli.main(["--dry-run", "--out", str(tmp_path / "c"), "--profile"]) == 0
+    assert seen == [False, True, True]
+    md = (tmp_path / "c" / report.MARKDOWN_NAME).read_text()
+    assert "## Kernel profile" in md and "profiled: nothing (no run was profiled)" in md
+
+
+def test_a_profiler_that_fails_fails_its_profile_not_the_training(tmp_path, monkeypatch):
+    """The lent machine's image may have no CUPTI, or torch.profiler may break on it: the profile says so in
+    the report; the training's check and its measurements stand."""
+
+    def broken(run, updates, warmup):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED: the profiler could not start")
+
+    _profiled(monkeypatch, broken)
+    c = _check(tmp_path, None)
+    assert c.train_objective("seed", [], "bf16").status == report.PASS
+    entry = c.kernel_profiles[-1]
+    assert entry["status"] == "error"
+    assert entry["detail"] == "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED: the profiler could not start"
+    assert c.objectives["seed"]["training"]["bf16"]["words_per_second"] > 0
+    c.add(report.Check("train seed bf16", report.PASS, "ok"))
+    assert c.write_report()["failed"] == []
+    assert "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED" in (tmp_path / report.MARKDOWN_NAME).read_text()
+
+
+def test_the_kernel_profile_in_the_json_holds_no_nan(tmp_path):
+    section = report.kernel_section(
+        [{"objective": "seed", "precision": "fp16", "status": "ok", "classes": {"gemm": {"share": float("nan")}}}]
+    )
+    rep = dict(report.build(dry_run_profile(), [], {}, 1.0), kernel_profile=section)
+    from seed_fairseq.base.fileio import write_json_atomic
+
+    write_json_atomic(tmp_path / report.JSON_NAME, report.json_safe(rep))  # as report.write writes it
+
+    def refuse(constant):
+        raise ValueError(f"{constant} in the JSON")
+
+    got = json.loads((tmp_path / report.JSON_NAME).read_text(), parse_constant=refuse)
+    assert got["kernel_profile"]["runs"][0]["classes"]["gemm"]["share"] is None

@@ -227,7 +227,10 @@ def test_an_overflowed_step_is_not_an_update_and_not_a_nan_loss(monkeypatch):
     assert t.losses == [9.0, 7.0, 6.0, 5.0, 4.0, 3.0]
     assert t.loss_scales == [128.0, 64.0, 128.0, 128.0, 128.0, 128.0, 128.0]
     assert t.finite and t.falling and t.problems(6) == []
-    assert t.tokens == 60 and t.seconds == 3.0 and t.words_per_second == 20.0  # the first step is not timed
+    # the first step counts FLOPs; the overflowed one (no optimizer step: quicker) is not timed; of the 5
+    # updates timed, the first warms up and the speed is measured on the other 4
+    assert t.timed == [(10.0, 0.5)] * 5 and t.measured == [(10.0, 0.5)] * 4
+    assert t.tokens == 40 and t.seconds == 2.0 and t.words_per_second == 20.0
     assert t.flops_per_token == 100.0 and t.mfu(1e-12) == pytest.approx(100.0 * 20.0 / 1.0)
     # losses that do not fall, or a NaN, are what the check fails on
     assert runs.Training(4, 3, losses=[5.0, 5.0, 5.1]).problems(3) == ["loss not falling"]
@@ -307,3 +310,333 @@ def test_the_cuda_profile(monkeypatch, name, bf16, precisions, skipped):
     assert p.precisions == precisions and sorted(p.skipped_precisions) == skipped
     assert p.precision_flags("fp16") == ["--fp16"] and p.encoder_args() == []
     assert p.peak("fp16") == peak_tflops(name, "fp16") > 100
+
+
+# ---- issue 44: the kernel profile and a steady words/s ---------------------------------------------
+
+
+def test_kernel_classes_of_literal_names():
+    """Kernels as CUDA names them and CPU ops as aten names them, with the ops and ranges they ran in
+    (innermost first): the class the report sums them into."""
+    from seed_fairseq.workflows.gpucheck.kernels import classify
+
+    linear = [("aten::mm", [[384, 32], [32, 32]]), ("aten::linear", [[384, 32], [32, 32]]), ("forward", [])]
+    head = [("aten::mm", [[58, 32], [32, 502]]), ("aten::linear", [[58, 32], [502, 32]]), ("forward", [])]
+    cuda = [  # (kernel, the ops and ranges around it, its class)
+        # GEMMs: cuBLAS's, CUTLASS's and Hopper's (sm90 xmma, nvjet) names
+        ("ampere_sgemm_128x64_tn", tuple(linear), "gemm"),
+        ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment", (), "gemm"),
+        ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NNT", (), "gemm"),
+        # the same GEMM kernel projecting onto the 502-piece vocabulary: the vocabulary's
+        ("ampere_sgemm_128x64_tn", tuple(head), "vocabulary"),
+        # attention: fused kernels by their names (flash's name holds "cutlass" too)
+        (
+            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, "
+            "cutlass::half_t> >(Flash_fwd_params)",
+            (),
+            "attention",
+        ),
+        ("flash_fwd_kernel", (), "attention"),
+        (
+            "fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
+            "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)",
+            (),
+            "attention",
+        ),
+        # a GEMM of two batched operands (scores, weighted values), and a softmax inside an attention module
+        (
+            "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn",
+            (("aten::bmm", [[96, 512, 64], [96, 64, 512]]), ("aten::matmul", [])),
+            "attention",
+        ),
+        (
+            "void (anonymous namespace)::softmax_warp_forward<c10::Half, c10::Half, float, 9, false, false>",
+            (("aten::_softmax", [[8, 12, 512, 512]]), ("gpu_check.attention", [])),
+            "attention",
+        ),
+        # ... but its projections stay GEMMs
+        (
+            "ampere_sgemm_128x64_tn",
+            (("aten::addmm", [[768], [4096, 768], [768, 768]]), ("aten::linear", []), ("gpu_check.attention", [])),
+            "gemm",
+        ),
+        # element-wise and normalisation
+        ("vectorized_elementwise_kernel", (), "elementwise"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&,"
+            " at::native::GeluType)::{lambda()#2}, at::detail::Array<char*, 2> >(int, at::detail::Array<char*, 2>)",
+            (("aten::gelu", [[4096, 3072]]),),
+            "elementwise",
+        ),
+        ("layer_norm_kernel", (), "elementwise"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::Half, float>", (), "elementwise"),
+        # the optimizer and the gradient norm: by the ranges fairseq's trainer opens, or a foreach kernel's name
+        ("multi_tensor_apply_kernel", (), "optimizer"),
+        ("multi_tensor_apply_kernel<TensorListMetadata<1>, LpNormFunctor<float, 2>, float*, int>", (), "gradient_norm"),
+        (
+            "vectorized_elementwise_kernel",
+            (("aten::mul_", [[768]]), ("Optimizer.step#Adam.step", []), ("optimizer", [])),
+            "optimizer",
+        ),
+        ("vectorized_elementwise_kernel", (("aten::mul_", [[768]]), ("clip-grads", [])), "gradient_norm"),
+        # the vocabulary's losses: by shape; by name where no shape is known; a contrastive loss is not one
+        (
+            "void (anonymous namespace)::cunn_SoftMaxForward<4, c10::Half, float, c10::Half, "
+            "LogSoftMaxForwardEpilogue>",
+            (("aten::_log_softmax", [[20480, 32768], [], []]), ("aten::log_softmax", [])),
+            "vocabulary",
+        ),
+        ("nll_loss_forward_reduce_cuda_kernel_2d", (), "vocabulary"),
+        ("nll_loss_forward_reduce_cuda_kernel_2d", (("aten::nll_loss_nd", [[8, 8], [8]]),), "elementwise"),
+        # copies and fills of memory, and what no rule knows
+        ("Memcpy HtoD (Pageable -> Device)", (), "other"),
+        ("Memset (Device)", (), "other"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", (), "other"),
+    ]
+    for name, context, expected in cuda:
+        vocab = {32768} if "32768" in str(context) else {502}
+        assert classify(name, context, vocab) == expected, name
+
+    def cpu(name, shapes=(), *around):
+        return classify(name, [(name, list(shapes)), *around], {502})
+
+    assert cpu("aten::mm", [[384, 32], [32, 32]], ("aten::matmul", []), ("aten::linear", [])) == "gemm"
+    assert cpu("aten::addmm", [[502], [58, 32], [32, 502]], ("aten::linear", [])) == "vocabulary"
+    assert cpu("aten::_log_softmax", [[58, 502], [], []]) == "vocabulary"
+    assert cpu("aten::_log_softmax", [[8, 8], [], []]) == "elementwise"  # in-batch negatives: 8 texts
+    assert cpu("aten::copy_", [[58, 502]], ("_ChunkedLinearCrossEntropy", [])) == "vocabulary"
+    assert cpu("aten::native_layer_norm", [[8, 48, 32], [], [32], [32], []]) == "elementwise"
+    assert cpu("aten::gelu", [[48, 8, 37], []]) == "elementwise"
+    assert cpu("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    sdpa = ("aten::_scaled_dot_product_attention_math", [])
+    assert cpu("aten::bernoulli_", [[8, 2, 48, 48]], sdpa) == "attention"  # attention's dropout
+    assert cpu("aten::bmm", [[16, 48, 16], [16, 16, 48]], ("aten::matmul", []), sdpa) == "attention"
+    # a backward op in its forward op's context (kernels.py puts the forward frames after the node's)
+    backward = [("SafeSoftmaxBackward0", [[8, 2, 48, 48]]), ("aten::_safe_softmax", [[8, 2, 48, 48]]), sdpa]
+    assert cpu("aten::_softmax_backward_data", [[8, 2, 48, 48], [8, 2, 48, 48]], *backward) == "attention"
+    assert cpu("aten::addcdiv_", [[502, 32]], ("Optimizer.step#Adam.step", []), ("optimizer", [])) == "optimizer"
+    assert cpu("aten::linalg_vector_norm", [[502, 32]], ("clip-grads", [])) == "gradient_norm"
+
+
+def test_host_gaps_of_literal_intervals():
+    """Inside two updates (0-100 and 200-300 us) the device ran 10-50 (two kernels overlapping), 90-120 and
+    150-210 (across the windows' edges) and 250-260: it idled 100 - 40 - 10 = 50 in the first and
+    100 - 10 - 10 = 80 in the second."""
+    from seed_fairseq.workflows.gpucheck.kernels import covered, host_gaps
+
+    assert covered([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0), (3.5, 3.7)]) == 3.0
+    assert covered([]) == 0.0
+    intervals = [(10.0, 30.0), (20.0, 50.0), (90.0, 120.0), (150.0, 210.0), (250.0, 260.0), (400.0, 500.0)]
+    assert host_gaps([(0.0, 100.0), (200.0, 300.0)], intervals) == 130.0
+    assert host_gaps([(0.0, 100.0)], []) == 100.0
+    assert host_gaps([(0.0, 100.0)], [(-5.0, 105.0)]) == 0.0
+
+
+class Raw:
+    """One event as torch.profiler's raw results hold it (``_KinetoEvent``), times in microseconds."""
+
+    def __init__(self, name, start, end, thread=1, corr=0, linked=0, seq=-1, fwd=0, shapes=(), device="CPU"):
+        self._v = (name, start, end, thread, corr, linked, seq, fwd, list(shapes), f"DeviceType.{device}")
+
+    def name(self):
+        return self._v[0]
+
+    def start_ns(self):
+        return int(self._v[1] * 1000)
+
+    def duration_ns(self):
+        return int((self._v[2] - self._v[1]) * 1000)
+
+    def start_thread_id(self):
+        return self._v[3]
+
+    end_thread_id = start_thread_id
+
+    def correlation_id(self):
+        return self._v[4]
+
+    def linked_correlation_id(self):
+        return self._v[5]
+
+    def sequence_nr(self):
+        return self._v[6]
+
+    def fwd_thread_id(self):
+        return self._v[7]
+
+    def shapes(self):
+        return self._v[8]
+
+    def device_type(self):
+        return self._v[9]
+
+    def activity_type(self):
+        kinds = {"gpu_user_annotation": "gpu_user_annotation", "Memcpy": "gpu_memcpy", "Stream Sync": "cuda_sync"}
+        device = "kernel" if self._v[9] == "DeviceType.CUDA" else "cpu_op"
+        return next((kind for start, kind in kinds.items() if self._v[0].startswith(start)), device)
+
+
+def test_a_cuda_profile_from_literal_events():
+    """One update of 1000 us: each kernel classified in the context of the op that launched it (the
+    backward softmax in its forward's attention module, through the autograd sequence number), a copy
+    that is no launch, a kernel no op launched; the device busy 415 us of 1000."""
+    from seed_fairseq.workflows.gpucheck.kernels import summarize
+
+    def kernel(name, start, end, linked):
+        return Raw(name, start, end, thread=7, linked=linked, device="CUDA")
+
+    events = [
+        Raw("gpu_check.update", 0, 1000, corr=1),
+        Raw("forward", 0, 400, corr=2),
+        Raw("aten::linear", 10, 100, corr=10, seq=5, shapes=[[8, 32], [32, 32], [32]]),
+        Raw("aten::addmm", 20, 90, corr=11, shapes=[[32], [8, 32], [32, 32]]),
+        Raw("cudaLaunchKernel", 25, 28, linked=11),  # the runtime's call: not an op of the tree
+        Raw("gpu_check.attention", 100, 200, corr=3),
+        Raw("aten::_softmax", 110, 190, corr=13, seq=8, shapes=[[8, 2, 48, 48], [], []]),
+        Raw("aten::linear", 200, 300, corr=14, seq=9, shapes=[[8, 32], [502, 32]]),
+        Raw("aten::mm", 210, 290, corr=15, shapes=[[8, 32], [32, 502]]),
+        Raw("backward", 400, 640, corr=4),
+        # autograd's thread: the softmax's gradient, its forward on thread 1 with sequence number 8
+        Raw("SoftmaxBackward0", 500, 560, thread=2, corr=22, seq=8, fwd=1),
+        Raw("aten::_softmax_backward_data", 505, 555, thread=2, corr=23, shapes=[[8, 2, 48, 48]] * 2),
+        Raw("clip-grads", 650, 700, corr=5),
+        Raw("aten::_foreach_norm", 655, 695, corr=31),
+        Raw("optimizer", 700, 900, corr=6),
+        Raw("aten::_fused_adam_", 710, 890, corr=30),
+        kernel("ampere_sgemm_32x32_tn", 30, 80, 11),
+        kernel("void (anonymous namespace)::softmax_warp_forward<float, float, float, 6, false, false>", 120, 180, 13),
+        kernel("ampere_sgemm_64x64_nn", 220, 280, 15),
+        kernel("Memcpy DtoD (Device -> Device)", 290, 295, 15),
+        kernel("void (anonymous namespace)::softmax_warp_backward<float, float, float, 6, false, false>", 510, 550, 23),
+        kernel("multi_tensor_apply_kernel<TensorListMetadata<1>, LpNormFunctor<float, 2>, float*, int>", 660, 690, 31),
+        kernel("multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor<float, 4>>", 720, 880, 30),
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 950, 960, 99),
+        # the device's copy of a range, and a wait: no work of the device's
+        kernel("gpu_user_annotation", 0, 1000, 0),
+        kernel("Stream Sync", 960, 1000, 0),
+    ]
+    got = summarize(events, 1, {502}, "cuda")
+    assert got["status"] == "ok" and got["activity"] == "CUDA kernels" and got["updates"] == 1
+    shares = {k: round(v["share"], 6) for k, v in got["classes"].items()}
+    assert shares == {
+        "gemm": 0.05,
+        "attention": 0.1,  # the forward softmax (60 us) in the module's range, its backward (40) by its forward
+        "vocabulary": 0.065,  # the head's GEMM and its copy
+        "elementwise": 0.0,
+        "optimizer": 0.16,
+        "gradient_norm": 0.03,
+        "other": 0.01,  # the kernel no op launched
+        "host_gaps": 0.585,
+    }
+    assert sum(v["share"] for v in got["classes"].values()) == pytest.approx(1.0)
+    assert got["launches_per_update"] == 7  # the copy is no kernel
+    assert got["window_seconds"] == pytest.approx(1e-3) and got["busy_seconds"] == pytest.approx(415e-6)
+    assert [(k["class"], k["calls"]) for k in got["top"][:2]] == [("optimizer", 1), ("attention", 1)]
+    assert got["top"][0]["seconds"] == pytest.approx(160e-6)
+    # no kernel recorded (CUPTI unavailable): no profile is made up
+    none = summarize([e for e in events if "CUDA" not in e.device_type()], 1, {502}, "cuda")
+    assert none["status"] == "error" and "CUPTI" in none["detail"]
+
+
+class TinyRun:
+    """Stands in for ``runs.Run``: a 32 -> 500 projection with its cross-entropy, the gradient norm and an
+    SGD step in the ranges fairseq's trainer opens."""
+
+    device = "cpu"
+
+    def __init__(self):
+        import torch
+
+        torch.manual_seed(0)
+        self.torch, self.head = torch, torch.nn.Linear(32, 500)
+        self.opt = torch.optim.SGD(self.head.parameters(), lr=0.1)
+        self.task = type("Task", (), {"source_dictionary": list(range(500))})()
+        self.trainer = type("Trainer", (), {"model": torch.nn.Module()})()
+
+    def next_sample(self):
+        return self.torch.randn(64, 32), self.torch.randint(0, 500, (64,))
+
+    def step(self, sample):
+        from torch.profiler import record_function
+
+        x, target = sample
+        self.torch.nn.functional.cross_entropy(self.head(x), target).backward()
+        with record_function("clip-grads"):
+            self.torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+        with record_function("optimizer"):
+            self.opt.step()
+        self.opt.zero_grad()
+
+
+def test_a_cpu_profile_of_real_updates():
+    """torch.profiler around 2 updates of a stand-in run on the CPU (the dry run's path): the projection
+    onto the 500 pieces and its loss, the norm and the optimizer are found; the shares sum to 1."""
+    from seed_fairseq.workflows.gpucheck import kernels
+
+    got = kernels.profile_updates(TinyRun(), updates=2, warmup=1)
+    assert got["status"] == "ok" and got["activity"] == "CPU aten ops (self time)" and got["updates"] == 2
+    assert set(got["classes"]) == set(kernels.CLASSES)
+    assert sum(v["share"] for v in got["classes"].values()) == pytest.approx(1.0)
+    for key in ("vocabulary", "optimizer", "gradient_norm", "host_gaps"):
+        assert got["classes"][key]["share"] > 0, key
+    assert got["classes"]["attention"]["share"] == 0
+    assert 0 < len(got["top"]) <= kernels.TOP and got["launches_per_update"] > 5
+    assert ("aten::addmm", "vocabulary") in [(k["name"], k["class"]) for k in got["top"]]
+    assert got["cost_seconds"] >= got["summing_seconds"] > 0
+
+
+def test_short_kernel_names():
+    from seed_fairseq.workflows.gpucheck.kernels import short_name
+
+    long = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+        "at::native::GeluType)::{lambda()#2}, at::detail::Array<char*, 2> >(int, at::detail::Array<char*, 2>)"
+    )
+    assert short_name(long, 200) == (
+        "at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+        "at::native::GeluType)::{lambda()#2}, at::detail::Array<char*, 2> >"
+    )
+    assert short_name(long, 20) == "at::native::vecto..."
+    assert short_name("aten::mm") == "aten::mm" and short_name("Memcpy HtoD (Pageable -> Device)") == "Memcpy HtoD"
+
+
+def test_words_per_second_after_warm_up_and_its_halves():
+    from seed_fairseq.workflows.gpucheck.training import Training
+
+    t = Training(8, 7, warmup=2, timed=[(100.0, 1.0), (100.0, 0.6)] + [(100.0, 0.5)] * 3 + [(100.0, 0.52)])
+    assert t.measured == [(100.0, 0.5)] * 3 + [(100.0, 0.52)]
+    assert t.words_per_second == pytest.approx(400 / 2.02)
+    assert t.halves() == pytest.approx((200.0, 200 / 1.02))
+    assert t.speed_spread == pytest.approx((200 - 200 / 1.02) / ((200 + 200 / 1.02) / 2))
+    assert t.speed_stable and t.speed_note() == ""
+    slow = Training(8, 7, warmup=2, timed=[(100.0, 1.0)] * 2 + [(100.0, 0.5)] * 2 + [(100.0, 0.6)] * 2)
+    assert not slow.speed_stable and slow.speed_note() == " (unstable: its halves differ by 18.2%)"
+    # a run cut to the minimum by the time budget: the speed of what there is, and it says so
+    short = Training(8, 3, warmup=2, timed=[(100.0, 1.0), (100.0, 0.5)])
+    assert short.measured == [(100.0, 1.0), (100.0, 0.5)] and not short.speed_stable
+    assert "too few to call it steady" in short.speed_note()
+    assert Training(8, 1).halves() is None and Training(8, 1).speed_spread is None
+
+
+def test_masked_lm_with_fairseq_adam_is_the_reference_of_another_default(monkeypatch):
+    """With a default optimizer other than fairseq's adam (kit/argv.py's DEFAULT_OPTIMIZER), masked_lm runs
+    once more with --optimizer adam, marked as the reference; with adam the default, once."""
+    from seed_fairseq.workflows.gpucheck import profile
+    from seed_fairseq.workflows.gpucheck.profile import REFERENCE, dry_run_profile, setups
+
+    p = dry_run_profile()
+    assert profile.DEFAULT_OPTIMIZER == "torch_adam"  # kit/argv.py's
+    found = {s.name: s for s in setups(p, "generator.pt")}
+    ref = found[REFERENCE]
+    assert REFERENCE == "masked_lm_adam" and ref.args == found["masked_lm"].args and ref.optimizer == "adam"
+    assert ref.label == "masked_lm, fairseq's adam (reference)"
+    args = p.train_args(list(ref.args), "bf16", 8, 6, optimizer=ref.optimizer)
+    assert args[args.index("--optimizer") + 1] == "adam" and args.count("--optimizer") == 1
+    default = p.train_args(list(found["seed"].args), "bf16", 8, 6)
+    assert default[default.index("--optimizer") + 1] == "torch_adam"
+    monkeypatch.setattr(profile, "DEFAULT_OPTIMIZER", "adam")
+    assert REFERENCE not in [s.name for s in setups(p, "generator.pt")]
+    md = report.markdown(
+        report.build(p, [], {REFERENCE: {"training": {"bf16": {"optimizer": "adam", "batch": 8}}}}, 1.0)
+    )
+    assert "| masked_lm_adam | bf16 | fairseq's adam (reference) | 8 |" in md

@@ -12,9 +12,12 @@ The stages, each a parameter of one code path (``profile.py``):
 
 1. data: ``--data DIR``, or ``preprocess.build`` of the demo corpus (repeated: enough blocks for the
    largest batch); the report states the vocabulary and where the text came from;
-2. per objective of the registry and fairseq's ``masked_lm``, per precision: the largest batch that
-   fits (``search.py``), then N updates (``runs.py``): losses finite and falling, loss-scale events,
-   peak memory, words/s, FLOPs, MFU, the ratio to ``masked_lm``, the projection of the paper's run;
+2. per objective of the registry and fairseq's ``masked_lm`` (and it with fairseq's ``adam`` when the
+   default optimizer is another), per precision: the largest batch that fits (``search.py``), then N
+   updates (``runs.py``): losses finite and falling, loss-scale events, peak memory, words/s after
+   warm-up, FLOPs, MFU, the ratio to ``masked_lm``, the projection of the paper's run; then, with
+   ``--profile`` (the default) where the budget leaves room, a kernel profile of a few more updates
+   (``kernels.py``: the report's "Kernel profile");
 3. per objective and precision: one fixed batch against fp32 (loss and gradient norm within bands);
 4. fairseq-train: 1 process x ``--update-freq 2`` and, with 2 devices, 2 processes (``checks.py``);
 5. the HF export of that run, and HF vs fairseq on the device;
@@ -125,6 +128,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--objectives", default=None, help="comma-separated names (default: all, and masked_lm)")
     p.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a kernel profile of a few updates of each run under torch.profiler, in the report's "
+        "'Kernel profile' (default: on, where the time budget leaves room for it; --no-profile: off)",
+    )
+    p.add_argument(
         "--data",
         type=Path,
         default=None,
@@ -209,7 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         profile.vocab_size = args.vocab_size
     if data:
         profile.vocab_size, profile.corpus_copies = data["vocab_size"], 0
-    check = GpuCheck(profile, args.out, args.corpus, only, budget, data)
+    check = GpuCheck(profile, args.out, args.corpus, only, budget, data, kernel_profile=args.profile)
     with handle_interrupts():
         try:
             return _run(check, args, profile, budget)

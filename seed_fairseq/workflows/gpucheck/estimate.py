@@ -33,7 +33,7 @@ def count_base_flops(data: Path, batch: int, say=print) -> Dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         generator = Path(tmp) / "generator.pt"
         save_generator(data, p.train_args(list(generator_setup(p).args), "fp32", 1, 1), "cpu", generator)
-        for s in setups(p, str(generator)):
+        for s in [s for s in setups(p, str(generator)) if s.optimizer is None]:  # not the reference: same FLOPs
             run = Run(data, p.train_args(list(s.args), "fp32", batch, 1, dropout=False), "cpu")
             try:
                 values = run.counted_step(run.next_sample())

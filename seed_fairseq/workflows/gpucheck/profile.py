@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ..kit.argv import FAIRSEQ_MLM, GENERATOR, train_args
+from ..kit.argv import DEFAULT_OPTIMIZER, FAIRSEQ_MLM, GENERATOR, train_args
 from ..measure.flops import PEAK_TFLOPS  # the vendors' dense peaks, TFLOP/s per precision
 
 # the paper's recipe (SEED-Encoder, RetroMAE, SimLM ...): 1M updates of 256 blocks of 512 tokens
@@ -64,6 +64,13 @@ class Profile:
     skipped_precisions: Dict[str, str] = field(default_factory=dict)  # precision -> why not here
     # seconds of a time budget kept for the checks after the training runs (data parallel, export, encode)
     tail_seconds: float = 60.0
+    # words/s: the updates after the FLOP-counted first one that are not measured (the device warming up)
+    measure_warmup: int = 1
+    # the kernel profile (kernels.py): updates recorded after the profiler's own warm-up update, and the
+    # seconds summing one up takes (the budget's estimate until a profile of this run measured it)
+    profile_updates: int = 2
+    profile_warmup: int = 1
+    profile_seconds_per_update: float = 0.2
 
     def encoder_args(self) -> List[str]:
         if not self.tiny:
@@ -94,8 +101,17 @@ class Profile:
         flags = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": []}[precision]
         return flags + (["--cpu"] if self.device == "cpu" else [])
 
-    def train_args(self, setup: List[str], precision: str, batch: int, updates: int, dropout: bool = True) -> List[str]:
-        """fairseq-train's options (after DATA) of ``updates`` updates of one objective (``setup``)."""
+    def train_args(
+        self,
+        setup: List[str],
+        precision: str,
+        batch: int,
+        updates: int,
+        dropout: bool = True,
+        optimizer: Optional[str] = None,
+    ) -> List[str]:
+        """fairseq-train's options (after DATA) of ``updates`` updates of one objective (``setup``), with
+        ``optimizer`` (default: the project's, ``kit.argv.DEFAULT_OPTIMIZER``)."""
         return [
             *setup,
             "--tokens-per-sample",
@@ -107,7 +123,7 @@ class Profile:
             "--batch-size",
             str(batch),
             "--optimizer",
-            "adam",
+            optimizer or DEFAULT_OPTIMIZER,
             "--adam-betas",
             "(0.9,0.98)",
             "--adam-eps",
@@ -136,6 +152,9 @@ class Profile:
         ]
 
 
+REFERENCE_OPTIMIZER = "adam"  # fairseq's own: the reference a new default optimizer is measured against
+
+
 def dry_run_profile(peak_override: Optional[float] = None) -> Profile:
     """The CPU stand-in of every GPU check: tiny shapes, gloo, a few updates, in bf16: fairseq's
     mixed-precision path (bf16 model, fp32 master weights in ``FP16Optimizer``, no loss scaler) is
@@ -161,6 +180,8 @@ def dry_run_profile(peak_override: Optional[float] = None) -> Profile:
         batch_probes=3,
         encode_docs=16,
         tail_seconds=40.0,  # 2 gloo processes, the export, encoding: ~20 s on 2 idle cores
+        measure_warmup=1,  # 6 updates: the counted one, 1 not measured, 4 measured (2 per half)
+        profile_seconds_per_update=0.2,  # measured: 0.05-0.2 s for the tiny models' ~1-3k ops an update
         # a CPU core's fp32 peak is not in the table: a nominal 0.1 TFLOP/s keeps MFU's arithmetic exercised
         peak_override=peak_override or 0.1,
     )
@@ -203,6 +224,10 @@ def cuda_profile(updates: int = 30, peak_override: Optional[float] = None) -> Pr
         # fairseq-train (Python, CUDA and data start-up, one update, a 1.3 GB checkpoint), the export on
         # the CPU and the device, loading and encoding 2,000 documents in each precision
         tail_seconds=90.0,
+        # the H200's runs of 2026-11-27: the first updates after the counted one are still slower
+        measure_warmup=2,
+        # an estimate (no GPU run profiled yet): a base model's update is ~20-40k events, read at a few us each
+        profile_seconds_per_update=1.0,
     )
 
 
@@ -214,15 +239,19 @@ class Setup:
     args: Tuple[str, ...]
     # run without --objectives: the plugin's own and the baseline (another --user-dir's runs when named)
     default: bool = True
+    optimizer: Optional[str] = None  # None: the default optimizer (kit.argv.DEFAULT_OPTIMIZER)
+    label: str = ""  # the report's words for a run that is not just its objective
 
 
 BASELINE = FAIRSEQ_MLM.name  # fairseq's own masked LM: the denominator of every ratio
+REFERENCE = f"{BASELINE}_{REFERENCE_OPTIMIZER}"  # the baseline with fairseq's adam, when that is not the default
 
 
 def setups(profile: Profile, generator: str) -> List[Setup]:
     """Every objective of the registry (``tasks/registry.py``) that fairseq-train can load (the plugin's
     own, or one whose description names its ``user_dir``), then fairseq's ``masked_lm`` at the same
-    shape; ``generator``: the frozen generator checkpoint of the objectives that need one."""
+    shape, and it again with fairseq's ``adam`` when the default optimizer is another (:data:`REFERENCE`);
+    ``generator``: the frozen generator checkpoint of the objectives that need one."""
     from fairseq.tasks import TASK_REGISTRY
 
     from ...pretrain.tasks.registry import registered_objectives
@@ -235,7 +264,11 @@ def setups(profile: Profile, generator: str) -> List[Setup]:
         arch, own = (d.test_arch, d.test_args) if profile.tiny else (d.arch, d.args)
         args = train_args(d, model=profile.encoder_args(), arch=arch, own=own, generator=generator)
         out.append(Setup(d.name, tuple(args), own_plugin))
-    out.append(Setup(BASELINE, tuple(train_args(FAIRSEQ_MLM, model=profile.encoder_args()))))
+    baseline = tuple(train_args(FAIRSEQ_MLM, model=profile.encoder_args()))
+    out.append(Setup(BASELINE, baseline))
+    if DEFAULT_OPTIMIZER != REFERENCE_OPTIMIZER:  # what the new default is measured against
+        label = f"{BASELINE}, fairseq's {REFERENCE_OPTIMIZER} (reference)"
+        out.append(Setup(REFERENCE, baseline, optimizer=REFERENCE_OPTIMIZER, label=label))
     return out
 
 

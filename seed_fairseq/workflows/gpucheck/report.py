@@ -10,12 +10,22 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ...base.fileio import write_json_atomic, write_text_atomic
-from .profile import ASSUMED_MFU, PROJECTION_GPUS, RECIPE_BLOCKS, RECIPE_TOKENS, RECIPE_UPDATES, Profile
+from .kernels import CLASSES, TOP, short_name
+from .profile import (
+    ASSUMED_MFU,
+    PROJECTION_GPUS,
+    RECIPE_BLOCKS,
+    RECIPE_TOKENS,
+    RECIPE_UPDATES,
+    REFERENCE,
+    Profile,
+)
 
 JSON_NAME = "gpu_check.json"
 MARKDOWN_NAME = "gpu_check.md"
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 NOT_RUN = "not run"  # no time was left for it (--budget-seconds), or the run was interrupted: neither passed nor failed
+KERNEL_PROFILE = "Kernel profile"  # the section's title, in both files
 
 
 @dataclass
@@ -54,6 +64,24 @@ def projection(flops_per_token: float, words_per_second: Optional[float], peak_t
         "assumed_mfu": ASSUMED_MFU,
         "gpus": rows,
     }
+
+
+def ratios_and_projection(objectives: Dict[str, Any], baseline: str, first: str, peak) -> None:
+    """Each run's speed, FLOPs and memory relative to ``baseline``'s in the same precision, and each
+    objective's projection of the paper's run from its ``first`` precision (``peak(precision)``: TFLOP/s)."""
+    base = objectives.get(baseline, {}).get("training", {})
+    for entry in objectives.values():
+        for precision, r in entry.get("training", {}).items():
+            b = base.get(precision, {})
+            if b.get("words_per_second") and r.get("words_per_second"):
+                r["speed_vs_masked_lm"] = r["words_per_second"] / b["words_per_second"]
+            if b.get("flops_per_token") and r.get("flops_per_token"):
+                r["flops_vs_masked_lm"] = r["flops_per_token"] / b["flops_per_token"]
+            if b.get("peak_memory") and r.get("peak_memory"):
+                r["memory_vs_masked_lm"] = r["peak_memory"] / b["peak_memory"]
+        r = entry.get("training", {}).get(first)
+        if r and r.get("flops_per_token"):
+            entry["projection"] = projection(r["flops_per_token"], r.get("words_per_second"), peak(first))
 
 
 def build(
@@ -161,20 +189,23 @@ def markdown(report: Dict[str, Any]) -> str:
         "",
         "## Training, per objective and precision",
         "",
-        "| objective | precision | batch | updates | loss first -> last | overflows | peak memory (GB) | "
-        "x masked_lm memory | words/s | x masked_lm words/s | GFLOP/token | MFU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Words/s and MFU are measured after warm-up; halves: how far the speeds of the first and the second "
+        "half of the measured updates differ (stable within 5%).",
+        "",
+        "| objective | precision | optimizer | batch | updates | loss first -> last | overflows | peak memory (GB) | "
+        "x masked_lm memory | words/s | halves | x masked_lm words/s | GFLOP/token | MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, per in report["objectives"].items():
         for precision, r in per.get("training", {}).items():
             losses = r.get("losses") or [None]
             mfu = r.get("mfu")
             lines.append(
-                f"| {name} | {precision} | {r.get('batch', '-')} | {len(r.get('losses') or [])} | "
-                f"{_fmt(losses[0])} -> {_fmt(losses[-1])} | "
+                f"| {name} | {precision} | {_optimizer(name, r.get('optimizer'))} | {r.get('batch', '-')} | "
+                f"{len(r.get('losses') or [])} | {_fmt(losses[0])} -> {_fmt(losses[-1])} | "
                 f"{r.get('overflows', '-')} | {_fmt((r.get('peak_memory') or 0) / 1e9)} | "
                 f"{_fmt(r.get('memory_vs_masked_lm'))} | "
-                f"{_fmt(r.get('words_per_second'))} | {_fmt(r.get('speed_vs_masked_lm'))} | "
+                f"{_fmt(r.get('words_per_second'))} | {_halves(r)} | {_fmt(r.get('speed_vs_masked_lm'))} | "
                 f"{_fmt(r.get('flops_per_token', 0) / 1e9)} | {'-' if mfu is None else f'{mfu:.1%}'} |"
             )
     lines += [
@@ -209,7 +240,75 @@ def markdown(report: Dict[str, Any]) -> str:
             )
             cells.append(f"{measured}; {estimated}".strip("; "))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += kernel_markdown(report.get("kernel_profile") or {})
     return "\n".join(lines) + "\n"
+
+
+def _optimizer(name: str, optimizer: Optional[str]) -> str:
+    if not optimizer:
+        return "-"
+    return f"fairseq's {optimizer} (reference)" if name == REFERENCE else optimizer
+
+
+def _halves(r: Dict[str, Any]) -> str:
+    spread = r.get("speed_spread")
+    if spread is None or r.get("measured_updates", 0) < 4:
+        return f"too few ({r.get('measured_updates', 0)} measured)" if "measured_updates" in r else "-"
+    return f"{spread:.1%}" + ("" if r.get("speed_stable") else " (unstable)")
+
+
+def kernel_section(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The JSON's "Kernel profile": the classes' names, and each training run's profile (or why none)."""
+    return {"title": KERNEL_PROFILE, "classes": dict(CLASSES), "top": TOP, "runs": runs}
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def kernel_markdown(section: Dict[str, Any]) -> List[str]:
+    """The Markdown's "Kernel profile": a row of shares per run, then each run's top kernels."""
+    runs = section.get("runs") or []
+    done = [r for r in runs if r.get("status") == "ok"]
+    activity = ", ".join(sorted({r["activity"] for r in done})) or "nothing (no run was profiled)"
+    lines = [
+        "",
+        f"## {KERNEL_PROFILE}",
+        "",
+        f"A few updates of each training run after its measured ones, under torch.profiler; profiled: {activity}. "
+        "Shares of the profiled updates' time by class (host gaps: the device idle, waiting for the host); "
+        "s/update: an update under the profiler. What each class holds: docs/gpu.md.",
+        "",
+        "| objective | precision | optimizer | updates | s/update | launches/update | "
+        + " | ".join(CLASSES.values())
+        + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(CLASSES),
+    ]
+    for r in runs:
+        head = f"| {r['objective']} | {r['precision']} | {_optimizer(r['objective'], r.get('optimizer'))} | "
+        if r.get("status") != "ok":
+            lines.append(head + f"{_cell(r.get('detail') or r.get('status'))} |" + " - |" * (2 + len(CLASSES)))
+            continue
+        shares = " | ".join(f"{r['classes'][k]['share']:.1%}" for k in CLASSES)
+        lines.append(
+            head + f"{r['updates']} | {_fmt(r['seconds_per_update'])} | {_fmt(r['launches_per_update'])} | {shares} |"
+        )
+    for r in done:
+        n = r["updates"]
+        lines += [
+            "",
+            f"### {r['objective']} {r['precision']} ({_optimizer(r['objective'], r.get('optimizer'))}): "
+            f"the {len(r['top'])} kernels with the most time",
+            "",
+            "| # | kernel | class | ms/update | calls/update |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {i} | {_cell(short_name(k['name']))} | {CLASSES[k['class']]} | {_fmt(k['seconds'] * 1e3 / n)} | "
+            f"{_fmt(k['calls'] / n)} |"
+            for i, k in enumerate(r["top"], 1)
+        ]
+    return lines
 
 
 def write(out: Path, report: Dict[str, Any]) -> None:

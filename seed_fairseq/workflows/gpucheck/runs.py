@@ -14,20 +14,21 @@ log, read by a handler) and the loss scale after each update; the peak memory
 run through ``/proc/self/clear_refs``); the tokens the encoder received per second (the
 non-padding tokens of every ``encoder.sentence_encoder`` call, as ``compare/flops.py``
 counts them); and the FLOPs of one update, counted with ``FlopCounterMode`` like
-``compare/flops.py`` (matrix products and attention, 2 FLOPs per multiply-add).
+``compare/flops.py`` (matrix products and attention, 2 FLOPs per multiply-add); what a run
+measured is a ``training.Training``, and its kernel profile, taken after its updates, ``kernels.py``'s.
 """
 
 import contextlib
 import gc
 import logging
-import math
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ...base.user_dir import parse_argv
+from .budget import OutOfTime
+from .training import Training
 
 OVERFLOW_RETRIES = 8  # fp16's loss scale starts at 128: a fixed batch that overflows is retried at 64, 32 ...
 
@@ -289,77 +290,28 @@ def fits(data, args: List[str], device: str) -> Callable[[int], bool]:
     return probe
 
 
-@dataclass
-class Training:
-    """What N updates of one objective in one precision measured."""
-
-    batch: int
-    updates: int  # the updates fairseq applied (an fp16 step that overflowed is not one)
-    steps: int = 0  # every step taken, the overflowed ones included
-    losses: List[float] = field(default_factory=list)
-    gnorms: List[float] = field(default_factory=list)
-    loss_scales: List[float] = field(default_factory=list)
-    overflows: int = 0
-    peak_memory: Optional[int] = None
-    tokens: int = 0  # encoder tokens of the timed updates
-    seconds: float = 0.0  # wall time of the timed updates (all but the first, which also counts FLOPs)
-    flops_per_token: float = 0.0
-    tokens_per_update: float = 0.0
-    stopped_early: bool = False  # the run's share of the time budget ended before its updates did
-
-    @property
-    def finite(self) -> bool:
-        return bool(self.losses) and all(math.isfinite(x) for x in self.losses)
-
-    @property
-    def falling(self) -> bool:
-        """The mean of the last third of the losses is below the mean of the first third."""
-        third = max(1, len(self.losses) // 3)
-        return self.finite and sum(self.losses[-third:]) / third < sum(self.losses[:third]) / third
-
-    def problems(self, planned: int) -> List[str]:
-        """Why this run fails the training check (none: it passes).  fp16's loss scaler starts high and
-        halves on each overflow until the gradients fit (fairseq's own masked_lm sums its loss over the
-        masked tokens: its first steps overflow at the initial 128), so overflows alone are no problem;
-        a scale that never settles is: the planned updates are then not applied."""
-        out = []
-        if not self.finite:
-            out.append("non-finite loss" if self.losses else "no loss")
-        elif not self.falling:
-            out.append("loss not falling")
-        if self.updates < planned and not self.stopped_early:  # stopped early: after the minimum ran
-            out.append(
-                f"only {self.updates} of {planned} updates applied in {self.steps} steps ({self.overflows} overflowed)"
-            )
-        return out
-
-    @property
-    def words_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def flops_per_update(self) -> float:
-        return self.flops_per_token * self.tokens_per_update
-
-    def mfu(self, peak_tflops: Optional[float]) -> Optional[float]:
-        """Counted FLOPs per second / the device's dense peak."""
-        if not peak_tflops or self.seconds <= 0:
-            return None
-        return self.flops_per_token * self.words_per_second / (peak_tflops * 1e12)
-
-
 def train(
-    data, args: List[str], device: str, updates: int, batch: int, until: Optional[float] = None, minimum: int = 3
+    data,
+    args: List[str],
+    device: str,
+    updates: int,
+    batch: int,
+    until: Optional[float] = None,
+    minimum: int = 3,
+    warmup: int = 1,
+    profile: Optional[Tuple[int, int]] = None,
 ) -> Training:
     """``updates`` updates of one configuration (``args`` hold its --batch-size): the first step counts
-    the FLOPs (not timed: it also warms the device up), the others are timed.  An update is a step
+    the FLOPs (not timed: it also warms the device up), the others are timed, and the speed is measured
+    on those after ``warmup`` more (``training.py``).  An update is a step
     fairseq applied: an fp16 step that overflowed changed no weight (fairseq skips it, halves the loss
     scale and does not count it in ``num_updates``), so it is not one; up to :data:`OVERFLOW_RETRIES`
     such steps are taken on top (``Training.steps`` holds all).  ``until``: a ``time.monotonic()``
     after which no step starts once ``minimum`` updates ran (the run's share of the time budget;
-    ``stopped_early`` then says so)."""
+    ``stopped_early`` then says so).  ``profile``: (updates, warm-up) of the kernel profile taken after
+    them (``kernels.py``), not among the measured ones nor the losses."""
     run = Run(data, args, device)
-    result = Training(batch=batch, updates=0)
+    result = Training(batch=batch, updates=0, warmup=warmup)
     try:
         reset_peak_memory(device)
         run.cuda_peak = 0
@@ -368,16 +320,14 @@ def train(
                 result.stopped_early = True
                 break
             sample = run.next_sample()
-            overflows = run.overflows.count
-            if result.steps == 0:
+            overflows, before = run.overflows.count, run.tokens
+            counted = result.steps == 0
+            if counted:
                 values = run.counted_step(sample)
                 result.flops_per_token = values["flops"] / max(1.0, values["tokens"])
                 result.tokens_per_update = values["tokens"]
             else:
-                before = run.tokens
                 values = run.step(sample)
-                result.tokens += run.tokens - before
-                result.seconds += values["seconds"]
             result.steps += 1
             if "loss_scale" in values:
                 result.loss_scales.append(values["loss_scale"])
@@ -386,11 +336,31 @@ def train(
             result.updates += 1
             result.losses.append(values.get("loss", float("nan")))
             result.gnorms.append(values.get("gnorm", float("nan")))
+            if not counted:
+                result.timed.append((float(run.tokens - before), values["seconds"]))
         result.peak_memory = max(run.cuda_peak, peak_memory(device) or 0) or None
         result.overflows = run.overflows.count
+        if profile and result.stopped_early:
+            result.profile = {"status": "not run", "detail": "not run: the run's share of the time budget ended"}
+        elif profile:
+            result.profile = _profile(run, *profile)
     finally:
         run.close()
     return result
+
+
+def _profile(run: Run, updates: int, warmup: int) -> Dict:
+    """The kernel profile of ``run``, or why there is none: a failure of the profiler is reported in the
+    profile, the training's own results stand; the deadline reached during it ends the profile alone."""
+    from .kernels import profile_updates
+
+    try:
+        return profile_updates(run, updates, warmup)
+    except OutOfTime as e:
+        return {"status": "not run", "detail": f"not run: {e}"}
+    except Exception as e:  # noqa: BLE001  (the profile's failure is not the training's)
+        logging.getLogger(__name__).exception("the kernel profile failed")
+        return {"status": "error", "detail": f"{type(e).__name__}: {str(e).strip()[:300]}"}
 
 
 def one_batch(data, args: List[str], device: str) -> Dict[str, float]:

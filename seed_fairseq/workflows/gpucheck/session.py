@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ...base.fileio import write_text_atomic
+from ..kit.argv import DEFAULT_OPTIMIZER
 from . import report
-from .budget import MIN_UPDATES, Budget, OutOfTime, updates_that_fit
+from .budget import MIN_UPDATES, Budget, OutOfTime, profile_seconds, updates_that_fit
 from .inputs import describe_data
-from .profile import BASELINE, Profile, generator_setup, setups
+from .profile import BASELINE, REFERENCE, Profile, generator_setup, setups
 from .report import FAIL, NOT_RUN, PASS, SKIP, Check
 from .search import largest_batch
+from .training import MIN_MEASURED
 
 BANDS = {"fp32": (1e-6, 1e-5), "fp16": (1e-2, 5e-2), "bf16": (3e-2, 1.5e-1)}
 ENCODE_BATCH = {"cuda": 256, "cpu": 16}
@@ -41,8 +43,12 @@ class GpuCheck:
         only: Optional[List[str]],
         budget: Optional[Budget] = None,
         data: Optional[Dict] = None,
+        kernel_profile: bool = True,
     ):
         self.p, self.out, self.corpus, self.only = profile, out, corpus, only
+        self.kernel_profile = kernel_profile  # --profile: each run's kernel profile (kernels.py), time allowing
+        self.kernel_profiles: List[Dict] = []  # one entry per training run, in order
+        self.summing = profile.profile_seconds_per_update  # reading a profiled update's events: the last one's
         self.budget = budget or Budget(None)
         self.start = time.time()
         self.work = out / "work"
@@ -52,7 +58,7 @@ class GpuCheck:
         self.checks: List[Check] = []
         self.objectives: Dict[str, Dict] = {}
         self.first_updates: Dict[tuple, Dict[str, float]] = {}
-        self.found_batch: Dict[str, int] = {}  # objective -> the batch its first precision found
+        self.found_batch: Dict[tuple, int] = {}  # a model's options -> the batch its first precision found
         self.planned: List[str] = []  # every check's name, in order (set by run)
         self.cheapest_run: Optional[float] = None  # seconds of the quickest training run (and comparison) so far
 
@@ -68,6 +74,7 @@ class GpuCheck:
         )
         result["encoding"] = getattr(self, "encoding_results", {})
         result["data"] = self.data_info
+        result["kernel_profile"] = report.kernel_section(self.kernel_profiles)
         return result
 
     def write_report(self, running: bool = False) -> Dict:
@@ -140,18 +147,27 @@ class GpuCheck:
         save_generator(self.data, self.p.train_args(list(g.args), self.p.reference, 2, 1), self.p.device, path)
         return Check("generator", PASS, f"SimLM's frozen generator (untrained, {' '.join(g.args[5:])}): {path}")
 
-    def train_objective(self, name: str, setup: List[str], precision: str, share: float = math.inf) -> Check:
+    def train_objective(
+        self, name: str, setup: List[str], precision: str, share: float = math.inf, optimizer: Optional[str] = None
+    ) -> Check:
         """The batch search, then as many updates (up to ``p.updates``) as ``share`` seconds allow after
-        the search, with room for the fixed-batch comparison that follows."""
+        the search, with room for the fixed-batch comparison that follows and the kernel profile (which
+        gives way first)."""
         from .runs import fits, train
 
         check_name = f"train {name} {precision}"
         until = time.monotonic() + share
-        probe_args = self.p.train_args(setup, precision, self.p.batch_start, self.p.updates)
+        profiled = (self.p.profile_updates, self.p.profile_warmup) if self.kernel_profile else None
+        why = "not run: --no-profile"
+        record = {"objective": name, "precision": precision, "optimizer": optimizer or DEFAULT_OPTIMIZER}
+        self.kernel_profiles.append(dict(record, status="not run", detail="not run: its training did not run"))
+        probe_args = self.p.train_args(setup, precision, self.p.batch_start, self.p.updates, optimizer=optimizer)
         probe = fits(self.data, probe_args, self.p.device)
-        # the second precision starts where the first one ended (16-bit activations either way): one probe
-        start = self.found_batch.get(name, self.p.batch_start)
-        limit = start if name in self.found_batch else self.p.batch_limit
+        # the second precision starts where the first one ended (16-bit activations either way), and the same
+        # model with another optimizer where it did: one probe
+        key = tuple(setup)
+        start = self.found_batch.get(key, self.p.batch_start)
+        limit = start if key in self.found_batch else self.p.batch_limit
         try:
             batch, tried = largest_batch(probe, start, limit, self.p.batch_probes)
         finally:
@@ -160,14 +176,25 @@ class GpuCheck:
         if batch == 0:
             entry[precision] = {"batch": 0, "search": tried}
             return Check(check_name, FAIL, f"no batch fits (tried {tried})")
-        self.found_batch.setdefault(name, batch)
+        self.found_batch.setdefault(key, batch)
         updates = self.p.updates
         if self.budget.limited:
             build, step = probe.timings.get("build", 0.0), probe.timings.get(batch, 0.0)
+            # the fixed-batch comparison's runs (none for another optimizer's run: its first update is the same)
             compare = (build + step) * (1 if (name, self.p.reference) in self.first_updates else 2)
+            compare = 0.0 if optimizer else compare
             # the run's own build and its first update, counted under FlopCounterMode (slower), then the rest
             overhead = build + 3 * step
-            updates = updates_that_fit(until - time.monotonic() - compare, step, overhead, self.p.updates)
+            extra = profile_seconds(step, *profiled, self.summing) if profiled else 0.0
+            # the profile gives way to a steady words/s: it is taken when the share also holds the updates
+            # measured after warm-up (training.py), else the run takes what its share holds without it
+            steady = max(MIN_UPDATES, 1 + self.p.measure_warmup + MIN_MEASURED)
+            left = until - time.monotonic() - compare
+            updates = updates_that_fit(left, step, overhead + extra, self.p.updates, steady) if profiled else 0
+            if not updates:
+                if profiled:
+                    profiled, why = None, f"not run: the time budget left no room for it ({extra:.1f} s estimated)"
+                updates = updates_that_fit(left, step, overhead, self.p.updates)
             if not updates:
                 # its share holds fewer than the minimum: the minimum, if what is left of the whole budget
                 # holds it (the runs after it get less; the last ones may not run, rather than all of them)
@@ -182,30 +209,13 @@ class GpuCheck:
                         "and the fixed-batch check"
                     )
             until -= compare
-        args = self.p.train_args(setup, precision, batch, updates)
-        t = train(self.data, args, self.p.device, updates, batch, until=until if self.budget.limited else None)
-        peak = self.p.peak(precision)
-        values = {
-            "batch": batch,
-            "updates": t.updates,
-            "steps": t.steps,
-            "updates_planned": updates,
-            "stopped_early": t.stopped_early,
-            "search": tried,
-            "losses": t.losses,
-            "gnorms": t.gnorms,
-            "loss_scales": t.loss_scales,
-            "overflows": t.overflows,
-            "loss_scale_changes": sum(1 for a, b in zip(t.loss_scales, t.loss_scales[1:]) if a != b),
-            "peak_memory": t.peak_memory,
-            "words_per_second": t.words_per_second,
-            "seconds_per_update": t.seconds / max(1, t.steps - 1),
-            "flops_per_token": t.flops_per_token,
-            "flops_per_update": t.flops_per_update,
-            "tokens_per_update": t.tokens_per_update,
-            "mfu": t.mfu(peak),
-            "peak_tflops": peak,
-        }
+        args = self.p.train_args(setup, precision, batch, updates, optimizer=optimizer)
+        limit = until if self.budget.limited else None
+        t = train(self.data, args, self.p.device, updates, batch, limit, warmup=self.p.measure_warmup, profile=profiled)
+        self.kernel_profiles[-1] = dict(record, **(t.profile or {"status": "not run", "detail": why}))
+        if t.profile and t.profile.get("status") == "ok":  # the next runs' estimate: this one's reading
+            self.summing = t.profile["summing_seconds"] / t.profile["updates"]
+        values = t.values(updates, tried, record["optimizer"], self.p.peak(precision))
         entry[precision] = values
         problems = t.problems(updates)
         scales = f" (loss scale {t.loss_scales[0]:g} -> {t.loss_scales[-1]:g})" if t.overflows and t.loss_scales else ""
@@ -214,6 +224,7 @@ class GpuCheck:
         detail = (
             f"batch {batch} x {self.p.tokens_per_sample}; {loss}; "
             f"{t.overflows} overflows{scales}; peak {mem}; {t.words_per_second:,.0f} words/s"
+            + t.speed_note()
             + (f"; MFU {values['mfu']:.1%}" if values["mfu"] is not None else "")
             + f"; {t.updates} updates"
             + (" (its share of the time budget ended)" if t.stopped_early else "")
@@ -243,24 +254,6 @@ class GpuCheck:
             f"gnorm {got['gnorm']:.4f} vs {ref['gnorm']:.4f} (rel {rel['gnorm']:.1e} <= {gnorm_band:g})"
         )
         return Check(f"{precision} vs {self.p.reference} {name}", PASS if ok else FAIL, detail, values)
-
-    def ratios_and_projection(self) -> None:
-        base = self.objectives.get(BASELINE, {}).get("training", {})
-        first = self.p.precisions[0]
-        for entry in self.objectives.values():
-            for precision, r in entry.get("training", {}).items():
-                b = base.get(precision, {})
-                if b.get("words_per_second") and r.get("words_per_second"):
-                    r["speed_vs_masked_lm"] = r["words_per_second"] / b["words_per_second"]
-                if b.get("flops_per_token") and r.get("flops_per_token"):
-                    r["flops_vs_masked_lm"] = r["flops_per_token"] / b["flops_per_token"]
-                if b.get("peak_memory") and r.get("peak_memory"):
-                    r["memory_vs_masked_lm"] = r["peak_memory"] / b["peak_memory"]
-            r = entry.get("training", {}).get(first)
-            if r and r.get("flops_per_token"):
-                entry["projection"] = report.projection(
-                    r["flops_per_token"], r.get("words_per_second"), self.p.peak(first)
-                )
 
     def data_parallel(self) -> Check:
         from .checks import one_process, two_processes_equal
@@ -360,15 +353,20 @@ class GpuCheck:
         generator = self.work / "generator.pt"
         all_setups = setups(self.p, str(generator))
         self.setup_args = {s.name: list(s.args) for s in all_setups}
-        chosen = [s for s in all_setups if (s.name in self.only if self.only else s.default) or s.name == BASELINE]
+        always = (BASELINE, REFERENCE)  # fairseq's masked_lm, and it with fairseq's adam when that is not the default
+        chosen = [s for s in all_setups if (s.name in self.only if self.only else s.default) or s.name in always]
         # precision by precision: the first (fp16 on CUDA, the papers') for every objective before the next,
         # so that a short budget leaves out the second precision's runs, not the papers' one
         runs = [(s, precision) for precision in self.p.precisions for s in chosen]
         ref = self.p.reference
+
+        def names(s, p):  # its training; the fixed batch's first update does not depend on the optimizer
+            return [f"train {s.name} {p}"] + ([f"{p} vs {ref} {s.name}"] if s.optimizer is None else [])
+
         self.planned = [
             "generator",
             *[f"train {p}" for p in self.p.skipped_precisions],
-            *[n for s, p in runs for n in (f"train {s.name} {p}", f"{p} vs {ref} {s.name}")],
+            *[n for s, p in runs for n in names(s, p)],
             "data parallel",
             "HF export",
             *[f"encode {p}" for p in self.p.precisions],
@@ -379,7 +377,7 @@ class GpuCheck:
             self.add(Check(f"train {precision}", SKIP, why))
         for i, (s, precision) in enumerate(runs):
             if "--generator-path" in s.args and got.status != PASS:
-                for name in (f"train {s.name} {precision}", f"{precision} vs {ref} {s.name}"):
+                for name in names(s, precision):
                     self.add(Check(name, FAIL, "no generator (see the generator check)"))
                 continue
             # this run's share of what is left; the checks after the training runs keep their time
@@ -389,19 +387,22 @@ class GpuCheck:
             if quickest is not None and self.budget.left() - self.p.tail_seconds < quickest:  # why search then
                 why = f"{self.budget.out_of_time('it')}: the quickest training run so far took {quickest:.0f} s"
                 self.add(Check(f"train {s.name} {precision}", NOT_RUN, why))
-                self.add(Check(f"{precision} vs {ref} {s.name}", NOT_RUN, "not run: no time was left for its training"))
+                for compare in names(s, precision)[1:]:
+                    self.add(Check(compare, NOT_RUN, "not run: no time was left for its training"))
                 continue
             trained = self.attempt(
-                f"train {s.name} {precision}", self.train_objective, s.name, list(s.args), precision, share
+                f"train {s.name} {precision}", self.train_objective, s.name, list(s.args), precision, share, s.optimizer
             )
-            compare = f"{precision} vs {ref} {s.name}"
             if trained is not None and trained.status == NOT_RUN:  # its time went: the comparison's too
-                self.add(Check(compare, NOT_RUN, f"not run: no time was left for its training run ({trained.detail})"))
+                why = f"not run: no time was left for its training run ({trained.detail})"
+                for compare in names(s, precision)[1:]:
+                    self.add(Check(compare, NOT_RUN, why))
                 continue
-            self.attempt(compare, self.compare_precision, s.name, list(s.args), precision)
+            for compare in names(s, precision)[1:]:
+                self.attempt(compare, self.compare_precision, s.name, list(s.args), precision)
             took = time.monotonic() - began
             self.cheapest_run = took if quickest is None else min(quickest, took)
-        self.ratios_and_projection()
+        report.ratios_and_projection(self.objectives, BASELINE, self.p.precisions[0], self.p.peak)
         self.attempt("data parallel", self.data_parallel)
         self.attempt("HF export", self.export)
         for precision in self.p.precisions:
