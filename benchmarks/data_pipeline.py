@@ -47,17 +47,16 @@ BASE += ["--encoder-attention-heads", "12"]
 def setups():
     """name -> its ObjectiveDescription: fairseq's masked_lm, then the registry's."""
     import seed_fairseq  # noqa: F401  (registers the plugin)
-    from seed_fairseq.pretrain.tasks.registry import registered_objectives
+    from seed_fairseq.pretrain.tasks.registry import plugin_objectives
     from seed_fairseq.workflows.kit.argv import FAIRSEQ_MLM
 
     out = {FAIRSEQ_MLM.name: FAIRSEQ_MLM}
-    for d in registered_objectives():
-        if d.arch and not d.user_dir:  # the plugin's own (another --user-dir's is not loaded here)
-            out[d.name] = d
+    for d in plugin_objectives():  # fairseq-train there loads the plugin alone
+        out[d.name] = d
     return out
 
 
-def train_args(setup, args):
+def setup_args(setup, args):
     """fairseq-train's arguments after DATA (the kit's builder)."""
     from seed_fairseq.workflows.kit import argv
 
@@ -70,7 +69,7 @@ def train_args(setup, args):
 def measure(name, setup, args):
     from seed_fairseq.workflows.measure import feed
 
-    argv = train_args(setup, args)
+    argv = setup_args(setup, args)
     task, _ = feed.setup_task(args.data, [*argv, "--batch-size", str(args.batch_size)])
     row = {"objective": name, "args": argv}
     row.update(feed.producer_rate(task, args.batch_size, args.batches))

@@ -109,13 +109,12 @@ def setups():
     import dataclasses
 
     import seed_fairseq  # noqa: F401  (registers the plugin)
-    from seed_fairseq.pretrain.tasks.registry import registered_objectives
+    from seed_fairseq.pretrain.tasks.registry import plugin_objectives
     from seed_fairseq.workflows.kit.argv import FAIRSEQ_MLM
 
     out = {REFERENCE: FAIRSEQ_MLM}
-    for d in registered_objectives():
-        if d.arch and not d.user_dir:  # fairseq-train runs them with --user-dir seed_fairseq
-            out[d.name] = d
+    for d in plugin_objectives():  # fairseq-train there loads the plugin alone
+        out[d.name] = d
     for name, (base, options) in VARIANTS.items():
         if base in out:
             out[name] = dataclasses.replace(out[base], name=name, args=(*out[base].args, *options))

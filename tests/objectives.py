@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from seed_fairseq.base.objectives import ObjectiveDescription
-from seed_fairseq.pretrain.tasks.registry import registered_objectives
+from seed_fairseq.pretrain.tasks.registry import plugin_objectives
 from seed_fairseq.workflows.kit.argv import train_args
 
 
@@ -100,13 +100,7 @@ class Objective:
 
 def _plugin_objectives() -> List[Objective]:
     """The objectives of the plugin's own tasks (not of a test's, registered in this process too)."""
-    from fairseq.tasks import TASK_REGISTRY
-
-    return [
-        Objective.from_description(d)
-        for d in registered_objectives()
-        if TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq.")
-    ]
+    return [Objective.from_description(d) for d in plugin_objectives()]
 
 
 OBJECTIVES = _plugin_objectives()

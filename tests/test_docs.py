@@ -200,7 +200,8 @@ def test_every_objective_is_a_row_of_every_table():
     descriptions: one row per objective, a new description is a new row, its page linked."""
     import dataclasses
 
-    from seed_fairseq.pretrain.tasks.tables import TABLES, plugin_objectives, render
+    from seed_fairseq.pretrain.tasks.registry import plugin_objectives
+    from seed_fairseq.pretrain.tasks.tables import TABLES, render
 
     described = plugin_objectives()
     new = dataclasses.replace(

@@ -17,12 +17,11 @@ SCRIPT = REPO / "scripts" / "gpu_check.sh"
 def _plugin_objectives():
     """The objectives gpu_check trains, in its order: the plugin's own (registry order), then fairseq's
     masked_lm (an objective of a test's --user-dir registered in this process is not fairseq-train's)."""
-    from fairseq.tasks import TASK_REGISTRY
 
     import seed_fairseq  # noqa: F401  (registers the plugin)
-    from seed_fairseq.pretrain.tasks.registry import registered_objectives
+    from seed_fairseq.pretrain.tasks.registry import plugin_objectives
 
-    own = [d.name for d in registered_objectives() if TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq.")]
+    own = [d.name for d in plugin_objectives()]
     return own + ["masked_lm"]
 
 
@@ -233,8 +232,8 @@ def test_an_overflowed_step_is_not_an_update_and_not_a_nan_loss(monkeypatch):
     assert t.tokens == 40 and t.seconds == 2.0 and t.words_per_second == 20.0
     assert t.flops_per_token == 100.0 and t.mfu(1e-12) == pytest.approx(100.0 * 20.0 / 1.0)
     # losses that do not fall, or a NaN, are what the check fails on
-    assert runs.Training(4, 3, losses=[5.0, 5.0, 5.1]).problems(3) == ["loss not falling"]
-    assert runs.Training(4, 3, losses=[5.0, float("nan"), 4.0]).problems(3) == ["non-finite loss"]
+    assert runs.TrainingResult(4, 3, losses=[5.0, 5.0, 5.1]).problems(3) == ["loss not falling"]
+    assert runs.TrainingResult(4, 3, losses=[5.0, float("nan"), 4.0]).problems(3) == ["non-finite loss"]
 
 
 def test_fp16_settling_its_loss_scale_passes_a_scale_that_never_settles_fails(monkeypatch):
@@ -601,21 +600,21 @@ def test_short_kernel_names():
 
 
 def test_words_per_second_after_warm_up_and_its_halves():
-    from seed_fairseq.workflows.gpucheck.training import Training
+    from seed_fairseq.workflows.gpucheck.training import TrainingResult
 
-    t = Training(8, 7, warmup=2, timed=[(100.0, 1.0), (100.0, 0.6)] + [(100.0, 0.5)] * 3 + [(100.0, 0.52)])
+    t = TrainingResult(8, 7, warmup=2, timed=[(100.0, 1.0), (100.0, 0.6)] + [(100.0, 0.5)] * 3 + [(100.0, 0.52)])
     assert t.measured == [(100.0, 0.5)] * 3 + [(100.0, 0.52)]
     assert t.words_per_second == pytest.approx(400 / 2.02)
     assert t.halves() == pytest.approx((200.0, 200 / 1.02))
     assert t.speed_spread == pytest.approx((200 - 200 / 1.02) / ((200 + 200 / 1.02) / 2))
     assert t.speed_stable and t.speed_note() == ""
-    slow = Training(8, 7, warmup=2, timed=[(100.0, 1.0)] * 2 + [(100.0, 0.5)] * 2 + [(100.0, 0.6)] * 2)
+    slow = TrainingResult(8, 7, warmup=2, timed=[(100.0, 1.0)] * 2 + [(100.0, 0.5)] * 2 + [(100.0, 0.6)] * 2)
     assert not slow.speed_stable and slow.speed_note() == " (unstable: its halves differ by 18.2%)"
     # a run cut to the minimum by the time budget: the speed of what there is, and it says so
-    short = Training(8, 3, warmup=2, timed=[(100.0, 1.0), (100.0, 0.5)])
+    short = TrainingResult(8, 3, warmup=2, timed=[(100.0, 1.0), (100.0, 0.5)])
     assert short.measured == [(100.0, 1.0), (100.0, 0.5)] and not short.speed_stable
     assert "too few to call it steady" in short.speed_note()
-    assert Training(8, 1).halves() is None and Training(8, 1).speed_spread is None
+    assert TrainingResult(8, 1).halves() is None and TrainingResult(8, 1).speed_spread is None
 
 
 def test_masked_lm_with_fairseq_adam_is_the_reference_of_another_default(monkeypatch):
@@ -630,9 +629,9 @@ def test_masked_lm_with_fairseq_adam_is_the_reference_of_another_default(monkeyp
     ref = found[REFERENCE]
     assert REFERENCE == "masked_lm_adam" and ref.args == found["masked_lm"].args and ref.optimizer == "adam"
     assert ref.label == "masked_lm, fairseq's adam (reference)"
-    args = p.train_args(list(ref.args), "bf16", 8, 6, optimizer=ref.optimizer)
+    args = p.run_args(list(ref.args), "bf16", 8, 6, optimizer=ref.optimizer)
     assert args[args.index("--optimizer") + 1] == "adam" and args.count("--optimizer") == 1
-    default = p.train_args(list(found["seed"].args), "bf16", 8, 6)
+    default = p.run_args(list(found["seed"].args), "bf16", 8, 6)
     assert default[default.index("--optimizer") + 1] == "torch_adam"
     monkeypatch.setattr(profile, "DEFAULT_OPTIMIZER", "adam")
     assert REFERENCE not in [s.name for s in setups(p, "generator.pt")]

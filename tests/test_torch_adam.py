@@ -523,21 +523,21 @@ def test_the_workflows_write_torch_adam_and_take_adam_from_fairseq_args(tmp_path
     from seed_fairseq.workflows.kit.checks import glue_option_values
     from seed_fairseq.workflows.kit.objectives import check_fairseq_args
 
-    def train_args(*fairseq_args):
+    def comparison_args(*fairseq_args):
         argv = ["--out", str(tmp_path / "out"), "--corpus", str(DEMO_CORPUS), *COMPARE, *fairseq_args]
         args = compare_cli.parser().parse_args(glue_option_values(argv, compare_cli.OPTION_LISTS))
         plan = compare_cli.build_plan(args, argv, "compare")  # checks --fairseq-args against the plan
-        return Comparison(plan).train_args("seed", 1)
+        return Comparison(plan).pretrain_args("seed", 1)
 
     def optimizers(args):
         return [args[i + 1] for i, a in enumerate(args) if a == "--optimizer"]
 
     assert DEFAULT_OPTIMIZER == "torch_adam"
-    assert optimizers(train_args()) == ["torch_adam"]
+    assert optimizers(comparison_args()) == ["torch_adam"]
     # fairseq's own through --fairseq-args: the one optimizer of the command, the tool's options with it
-    args = train_args("--fairseq-args", "--optimizer adam")
+    args = comparison_args("--fairseq-args", "--optimizer adam")
     assert optimizers(args) == ["adam"] and "--adam-eps" in args
-    planned = train_args()
+    planned = comparison_args()
     check_fairseq_args(["--optimizer=torch_adam"], planned)
     with pytest.raises(ValueError, match="--optimizer sgd: the tools write adam's options"):
         check_fairseq_args(["--optimizer", "sgd"], planned)

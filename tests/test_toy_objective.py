@@ -112,7 +112,7 @@ def test_the_comparison_plans_it(tmp_path):
     argv = ["--objectives", "mlm,toy", "--out", str(tmp_path / "out"), "--updates", "4", "--warmup", "0"]
     comparison = Comparison(cli.build_plan(cli.parser().parse_args(argv), argv, "test"))
     assert any(s.name.startswith("pretrain-toy") for s in comparison.stages())
-    args = comparison.train_args("toy", 1)
+    args = comparison.pretrain_args("toy", 1)
     assert args[:2] == ["--user-dir", toy_objective.TOY.user_dir]
     _parses_as_toy([a for a in args if a not in ("--cpu", "--flush-denormal")])
     # the report's prose reads the descriptions: masking, fewer texts per update, the generator
@@ -137,7 +137,7 @@ def test_adapt_plans_it(tmp_path):
             "--probe-size", "16"]  # fmt: skip
     adaptation = Adaptation(cli.build_plan(cli.parser().parse_args(argv), argv, "test"))
     assert "pretrain" in [s.name for s in adaptation.stages()]
-    args = adaptation.train_args(planned=True)
+    args = adaptation.pretrain_args(planned=True)
     assert args[:2] == ["--user-dir", toy_objective.TOY.user_dir] and "toy_pretrain" in args
 
 

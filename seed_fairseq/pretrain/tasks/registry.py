@@ -33,6 +33,28 @@ def registered_objectives() -> List[ObjectiveDescription]:
     return sorted(found, key=lambda d: (d.order, d.name))
 
 
+def is_plugins_own(d: ObjectiveDescription) -> bool:
+    """Is ``d`` declared by a task of the plugin itself (not of a test's, or another ``--user-dir``'s that
+    this process imported)?"""
+    from fairseq.tasks import TASK_REGISTRY
+
+    return getattr(TASK_REGISTRY.get(d.task), "__module__", "").startswith("seed_fairseq.")
+
+
+def plugin_objectives() -> List[ObjectiveDescription]:
+    """The plugin's own objectives (:func:`is_plugins_own`), in table order: what its tables, docs and
+    default sets name."""
+    return [d for d in registered_objectives() if is_plugins_own(d)]
+
+
+def runnable_objectives() -> List[ObjectiveDescription]:
+    """The objectives ``fairseq-train`` can load, in table order: those with an architecture that are the
+    plugin's own (``--user-dir seed_fairseq``) or name the ``--user-dir`` that registers them
+    (``ObjectiveDescription.user_dir``); another ``--user-dir``'s that this process imported without it
+    naming itself is left out (fairseq-train would not find it)."""
+    return [d for d in registered_objectives() if d.arch and (d.user_dir or is_plugins_own(d))]
+
+
 def objective_for(task: str, model_cfg: dict) -> Optional[ObjectiveDescription]:
     """The objective a checkpoint was trained with, from its task name and model config
     (``cfg["task"]["_name"]``, ``cfg["model"]``); None for a task that declares none."""

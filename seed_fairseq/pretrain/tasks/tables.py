@@ -13,14 +13,7 @@ import re
 from typing import Callable, Dict, List, Sequence
 
 from ...base.objectives import ObjectiveDescription
-from .registry import registered_objectives
-
-
-def plugin_objectives() -> List[ObjectiveDescription]:
-    """The registered objectives of the plugin itself (not of a test's or another --user-dir's), in table order."""
-    from fairseq.tasks import TASK_REGISTRY
-
-    return [d for d in registered_objectives() if TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq.")]
+from .registry import plugin_objectives
 
 
 def _code(items: Sequence[str]) -> str:

@@ -289,7 +289,7 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
         command=shlex.join(["python", prog, *argv]),
         settings=dict(vars(args)),
     )
-    check_fairseq_args(settings.fairseq_args, Adaptation(plan).train_args(planned=True))
+    check_fairseq_args(settings.fairseq_args, Adaptation(plan).pretrain_args(planned=True))
     return plan
 
 

@@ -202,7 +202,7 @@ class Adaptation(Training):
         return st
 
     def pretrain_fields(self) -> Tuple[str, ...]:
-        """What the continued pre-training reads (``Training.train_args``)."""
+        """What the continued pre-training reads (``Training.pretrain_args``)."""
         selection = ("best_metric", "dev_in_training", *(("retrieval_dev",) if self.plan.dev_in_training else ()))
         return ("objective", "pretrain", "seed", "freeze_updates", "encoder_warmup_updates", "encoder_lr_scale",
                 "layer_lr_decay", *selection)  # fmt: skip
@@ -296,7 +296,7 @@ class Adaptation(Training):
         new = self.new_heads()
         log(f"continuing {p.objective} for {p.pretrain.updates} updates; new heads: {', '.join(new) or 'none'}; "
             f"encoder frozen for {self.freeze_updates()} updates; log: {folder / 'train.log'}")  # fmt: skip
-        cmd = command(self.data_bin, self.train_args(), save_dir=folder)
+        cmd = command(self.data_bin, self.pretrain_args(), save_dir=folder)
         attempts = folder / "attempts.json"
         earlier = json.loads(attempts.read_text()) if attempts.is_file() else []
         t0 = time.time()

@@ -250,7 +250,7 @@ def build(args: argparse.Namespace, argv: List[str], prog: str) -> Tuple[AdaptPl
     settings = replace(plan.pretrain, validate_every=0, probe_size=0, save_every=plan.pretrain.updates)
     plan = replace(plan, pretrain=settings, dev_in_training=False, train_queries=None, best_metric="")
     for objective in objectives[1:]:  # build_plan checked the first one's
-        check_fairseq_args(settings.fairseq_args, Adaptation(replace(plan, objective=objective)).train_args(True))
+        check_fairseq_args(settings.fairseq_args, Adaptation(replace(plan, objective=objective)).pretrain_args(True))
     return plan, objectives, arms, seeds
 
 

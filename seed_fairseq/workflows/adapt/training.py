@@ -78,7 +78,7 @@ class Training(Paths):
         # loaded only while the save-dir has no checkpoint of its own: a rerun resumes
         return ["--finetune-from-model", str(self.imported / CHECKPOINT)]
 
-    def train_args(self, planned: bool = False) -> List[str]:
+    def pretrain_args(self, planned: bool = False) -> List[str]:
         """fairseq-train's arguments (after DATA) of the continued pre-training.  ``planned``: the
         tool's own, before the import exists (placeholders for what it decides) and without
         --fairseq-args: the options --fairseq-args may not set (``cli.build_plan``)."""

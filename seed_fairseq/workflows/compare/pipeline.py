@@ -106,7 +106,7 @@ class Comparison(Layout):
             return replace(s, encoder_args=[], fairseq_args=[*s.fairseq_args, *self.init_args()])
         return s
 
-    def train_args(self, obj: str, seed: int, settings: Optional[PretrainSettings] = None) -> List[str]:
+    def pretrain_args(self, obj: str, seed: int, settings: Optional[PretrainSettings] = None) -> List[str]:
         """fairseq-train's arguments (after DATA) of ``obj``'s pre-training with ``seed`` (``settings``:
         the plan's, or the per-update ones the FLOPs are counted with)."""
         gen = str(self.generator_checkpoint()) if OBJECTIVES[obj].needs_generator else None
@@ -343,14 +343,14 @@ class Comparison(Layout):
         out = {}
         settings = per_update_settings(self.plan.pretrain)
         for o in self.plan.objectives:
-            out[o] = count_update_flops(self.data_bin, self.train_args(o, seed, settings))
+            out[o] = count_update_flops(self.data_bin, self.pretrain_args(o, seed, settings))
         if "generator" in results:
             out["generator"] = count_update_flops(self.data_bin, self.generator_train_args(settings))
         return {"seconds": time.time() - t0, "counts": out}  # totals: x updates, in the report
 
     def stage_pretrain(self, results, obj: str, seed: int) -> dict:
         folder = self.pretrain_dir(obj, seed)
-        cmd = command(self.data_bin, self.train_args(obj, seed), save_dir=folder)
+        cmd = command(self.data_bin, self.pretrain_args(obj, seed), save_dir=folder)
         attempts = folder / "attempts.json"
         earlier = json.loads(attempts.read_text()) if attempts.is_file() else []
         t0 = time.time()

@@ -16,7 +16,7 @@ from ...base.retrieval_data import load_data
 from ...encoders.retrieval.metrics import aggregate, evaluate, per_query, read_trec_run
 from ..kit.layout import fraction_label, run_name
 from ..kit.logs import final_diagnostics, read_valid
-from ..kit.objectives import BASELINE, OBJECTIVES, eval_models
+from ..kit.objectives import MLM_BASELINE, OBJECTIVES, eval_models
 from ..kit.roundtrip import first_sentence, statement
 from ..kit.stats import aggregate_seeds, document_p, fmt_mean_std, fmt_p, mean_std, paired_p
 from ..measure.flops import BATCHES
@@ -105,8 +105,8 @@ def collect(comp, results: Mapping[str, Any]) -> Dict[str, Any]:
         }
     bm25_run = read_trec_run(comp.out / "bm25" / "test.trec")
     bm25 = {"metrics": evaluate(qrels, bm25_run, METRICS)}
-    if BASELINE in p.objectives:
-        base = BASELINE
+    if MLM_BASELINE in p.objectives:
+        base = MLM_BASELINE
         for key, m in models.items():
             if key != base:
                 for suffix, p_test in (("", paired_p), ("_documents", document_p)):
@@ -130,7 +130,7 @@ def collect(comp, results: Mapping[str, Any]) -> Dict[str, Any]:
         objectives[o] = {
             "label": OBJECTIVES[o].label,
             "notes": OBJECTIVES[o].notes,
-            "train_args": comp.train_args(o, p.seeds[0]),
+            "train_args": comp.pretrain_args(o, p.seeds[0]),
             "batch_size": p.pretrain.batch_for(OBJECTIVES[o]),
             "pretrain_seconds": mean_std([results[f"pretrain-{run_name(o, s)}"]["seconds"] for s in p.seeds]),
             "flops": _with_total(flops.get(o), p.pretrain.updates),

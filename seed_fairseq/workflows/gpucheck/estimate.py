@@ -18,7 +18,15 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .profile import ASSUMED_MFU, BASELINE, PEAK_TFLOPS, PROJECTION_GPUS, dry_run_profile, generator_setup, setups
+from .profile import (
+    ASSUMED_MFU,
+    FAIRSEQ_BASELINE,
+    PEAK_TFLOPS,
+    PROJECTION_GPUS,
+    dry_run_profile,
+    generator_setup,
+    setups,
+)
 from .report import projection, recipe_tokens_per_update
 
 GPUS = ("V100", "A100", "H100")
@@ -32,9 +40,9 @@ def count_base_flops(data: Path, batch: int, say=print) -> Dict[str, float]:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         generator = Path(tmp) / "generator.pt"
-        save_generator(data, p.train_args(list(generator_setup(p).args), "fp32", 1, 1), "cpu", generator)
+        save_generator(data, p.run_args(list(generator_setup(p).args), "fp32", 1, 1), "cpu", generator)
         for s in [s for s in setups(p, str(generator)) if s.optimizer is None]:  # not the reference: same FLOPs
-            run = Run(data, p.train_args(list(s.args), "fp32", batch, 1, dropout=False), "cpu")
+            run = Run(data, p.run_args(list(s.args), "fp32", batch, 1, dropout=False), "cpu")
             try:
                 values = run.counted_step(run.next_sample())
             finally:
@@ -51,7 +59,7 @@ def _hours(x: float) -> str:
 def table(rates: Dict[str, float]) -> str:
     """One row per objective: its counted FLOPs, and per GPU type the GPU-hours of the recipe (the same on
     any number of GPUs when scaling is linear) with the hours on 8 / 16 / 64 of them."""
-    base = rates.get(BASELINE)
+    base = rates.get(FAIRSEQ_BASELINE)
     n = " / ".join(str(g) for g in PROJECTION_GPUS)
     lines = [
         "| objective | GFLOP / token | x masked_lm | PFLOP / update | "

@@ -101,7 +101,7 @@ class Profile:
         flags = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": []}[precision]
         return flags + (["--cpu"] if self.device == "cpu" else [])
 
-    def train_args(
+    def run_args(
         self,
         setup: List[str],
         precision: str,
@@ -243,8 +243,9 @@ class Setup:
     label: str = ""  # the report's words for a run that is not just its objective
 
 
-BASELINE = FAIRSEQ_MLM.name  # fairseq's own masked LM: the denominator of every ratio
-REFERENCE = f"{BASELINE}_{REFERENCE_OPTIMIZER}"  # the baseline with fairseq's adam, when that is not the default
+FAIRSEQ_BASELINE = FAIRSEQ_MLM.name  # fairseq's own masked LM: the denominator of every ratio
+# the baseline with fairseq's adam, when that is not the default
+REFERENCE = f"{FAIRSEQ_BASELINE}_{REFERENCE_OPTIMIZER}"
 
 
 def setups(profile: Profile, generator: str) -> List[Setup]:
@@ -252,22 +253,17 @@ def setups(profile: Profile, generator: str) -> List[Setup]:
     own, or one whose description names its ``user_dir``), then fairseq's ``masked_lm`` at the same
     shape, and it again with fairseq's ``adam`` when the default optimizer is another (:data:`REFERENCE`);
     ``generator``: the frozen generator checkpoint of the objectives that need one."""
-    from fairseq.tasks import TASK_REGISTRY
-
-    from ...pretrain.tasks.registry import registered_objectives
+    from ...pretrain.tasks.registry import is_plugins_own, runnable_objectives
 
     out = []
-    for d in registered_objectives():
-        own_plugin = TASK_REGISTRY[d.task].__module__.startswith("seed_fairseq.")
-        if not (own_plugin or d.user_dir):
-            continue  # registered by a --user-dir this process imported but fairseq-train would not
+    for d in runnable_objectives():
         arch, own = (d.test_arch, d.test_args) if profile.tiny else (d.arch, d.args)
         args = train_args(d, model=profile.encoder_args(), arch=arch, own=own, generator=generator)
-        out.append(Setup(d.name, tuple(args), own_plugin))
+        out.append(Setup(d.name, tuple(args), is_plugins_own(d)))
     baseline = tuple(train_args(FAIRSEQ_MLM, model=profile.encoder_args()))
-    out.append(Setup(BASELINE, baseline))
+    out.append(Setup(FAIRSEQ_BASELINE, baseline))
     if DEFAULT_OPTIMIZER != REFERENCE_OPTIMIZER:  # what the new default is measured against
-        label = f"{BASELINE}, fairseq's {REFERENCE_OPTIMIZER} (reference)"
+        label = f"{FAIRSEQ_BASELINE}, fairseq's {REFERENCE_OPTIMIZER} (reference)"
         out.append(Setup(REFERENCE, baseline, optimizer=REFERENCE_OPTIMIZER, label=label))
     return out
 

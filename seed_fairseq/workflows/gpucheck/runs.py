@@ -15,7 +15,7 @@ run through ``/proc/self/clear_refs``); the tokens the encoder received per seco
 non-padding tokens of every ``encoder.sentence_encoder`` call, as ``compare/flops.py``
 counts them); and the FLOPs of one update, counted with ``FlopCounterMode`` like
 ``compare/flops.py`` (matrix products and attention, 2 FLOPs per multiply-add); what a run
-measured is a ``training.Training``, and its kernel profile, taken after its updates, ``kernels.py``'s.
+measured is a ``training.TrainingResult``, and its kernel profile, taken after its updates, ``kernels.py``'s.
 """
 
 import contextlib
@@ -28,7 +28,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ...base.user_dir import parse_argv
 from .budget import OutOfTime
-from .training import Training
+from .training import TrainingResult
 
 OVERFLOW_RETRIES = 8  # fp16's loss scale starts at 128: a fixed batch that overflows is retried at 64, 32 ...
 
@@ -300,18 +300,18 @@ def train(
     minimum: int = 3,
     warmup: int = 1,
     profile: Optional[Tuple[int, int]] = None,
-) -> Training:
+) -> TrainingResult:
     """``updates`` updates of one configuration (``args`` hold its --batch-size): the first step counts
     the FLOPs (not timed: it also warms the device up), the others are timed, and the speed is measured
     on those after ``warmup`` more (``training.py``).  An update is a step
     fairseq applied: an fp16 step that overflowed changed no weight (fairseq skips it, halves the loss
     scale and does not count it in ``num_updates``), so it is not one; up to :data:`OVERFLOW_RETRIES`
-    such steps are taken on top (``Training.steps`` holds all).  ``until``: a ``time.monotonic()``
+    such steps are taken on top (``TrainingResult.steps`` holds all).  ``until``: a ``time.monotonic()``
     after which no step starts once ``minimum`` updates ran (the run's share of the time budget;
     ``stopped_early`` then says so).  ``profile``: (updates, warm-up) of the kernel profile taken after
     them (``kernels.py``), not among the measured ones nor the losses."""
     run = Run(data, args, device)
-    result = Training(batch=batch, updates=0, warmup=warmup)
+    result = TrainingResult(batch=batch, updates=0, warmup=warmup)
     try:
         reset_peak_memory(device)
         run.cuda_peak = 0

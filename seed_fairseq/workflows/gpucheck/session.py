@@ -15,7 +15,7 @@ from ..kit.argv import DEFAULT_OPTIMIZER
 from . import report
 from .budget import MIN_UPDATES, Budget, OutOfTime, profile_seconds, updates_that_fit
 from .inputs import describe_data
-from .profile import BASELINE, REFERENCE, Profile, generator_setup, setups
+from .profile import FAIRSEQ_BASELINE, REFERENCE, Profile, generator_setup, setups
 from .report import FAIL, NOT_RUN, PASS, SKIP, Check
 from .search import largest_batch
 from .training import MIN_MEASURED
@@ -144,7 +144,7 @@ class GpuCheck:
 
         path = self.work / "generator.pt"
         g = generator_setup(self.p)
-        save_generator(self.data, self.p.train_args(list(g.args), self.p.reference, 2, 1), self.p.device, path)
+        save_generator(self.data, self.p.run_args(list(g.args), self.p.reference, 2, 1), self.p.device, path)
         return Check("generator", PASS, f"SimLM's frozen generator (untrained, {' '.join(g.args[5:])}): {path}")
 
     def train_objective(
@@ -161,7 +161,7 @@ class GpuCheck:
         why = "not run: --no-profile"
         record = {"objective": name, "precision": precision, "optimizer": optimizer or DEFAULT_OPTIMIZER}
         self.kernel_profiles.append(dict(record, status="not run", detail="not run: its training did not run"))
-        probe_args = self.p.train_args(setup, precision, self.p.batch_start, self.p.updates, optimizer=optimizer)
+        probe_args = self.p.run_args(setup, precision, self.p.batch_start, self.p.updates, optimizer=optimizer)
         probe = fits(self.data, probe_args, self.p.device)
         # the second precision starts where the first one ended (16-bit activations either way), and the same
         # model with another optimizer where it did: one probe
@@ -209,7 +209,7 @@ class GpuCheck:
                         "and the fixed-batch check"
                     )
             until -= compare
-        args = self.p.train_args(setup, precision, batch, updates, optimizer=optimizer)
+        args = self.p.run_args(setup, precision, batch, updates, optimizer=optimizer)
         limit = until if self.budget.limited else None
         t = train(self.data, args, self.p.device, updates, batch, limit, warmup=self.p.measure_warmup, profile=profiled)
         self.kernel_profiles[-1] = dict(record, **(t.profile or {"status": "not run", "detail": why}))
@@ -239,7 +239,7 @@ class GpuCheck:
         def first_update(p: str) -> Dict[str, float]:  # once per objective and precision (fp32: for every other)
             key = (name, p)
             if key not in self.first_updates:
-                args = self.p.train_args(setup, p, batch, 1, dropout=False)
+                args = self.p.run_args(setup, p, batch, 1, dropout=False)
                 self.first_updates[key] = one_batch(self.data, args, self.p.device)
             return self.first_updates[key]
 
@@ -262,7 +262,7 @@ class GpuCheck:
         batch = 4 if self.p.tiny else 8
         processes = 2 if self.p.dry_run else min(2, self.p.gpus)
         ddp = "legacy_ddp" if self.p.device == "cpu" else "pytorch_ddp"
-        args = [*setup, *self.p.train_args([], self.p.reference, batch, 1)]
+        args = [*setup, *self.p.run_args([], self.p.reference, batch, 1)]
         args = _without(args, ("--optimizer", "--lr", "--lr-scheduler", "--clip-norm", "--weight-decay"))
         args = _without(args, ("--adam-betas", "--adam-eps", "--warmup-updates", "--total-num-update", "--max-update"))
         args = _without(args, ("--batch-size",))
@@ -353,7 +353,8 @@ class GpuCheck:
         generator = self.work / "generator.pt"
         all_setups = setups(self.p, str(generator))
         self.setup_args = {s.name: list(s.args) for s in all_setups}
-        always = (BASELINE, REFERENCE)  # fairseq's masked_lm, and it with fairseq's adam when that is not the default
+        # fairseq's masked_lm, and it with fairseq's adam when that is not the default
+        always = (FAIRSEQ_BASELINE, REFERENCE)
         chosen = [s for s in all_setups if (s.name in self.only if self.only else s.default) or s.name in always]
         # precision by precision: the first (fp16 on CUDA, the papers') for every objective before the next,
         # so that a short budget leaves out the second precision's runs, not the papers' one
@@ -402,7 +403,7 @@ class GpuCheck:
                 self.attempt(compare, self.compare_precision, s.name, list(s.args), precision)
             took = time.monotonic() - began
             self.cheapest_run = took if quickest is None else min(quickest, took)
-        report.ratios_and_projection(self.objectives, BASELINE, self.p.precisions[0], self.p.peak)
+        report.ratios_and_projection(self.objectives, FAIRSEQ_BASELINE, self.p.precisions[0], self.p.peak)
         self.attempt("data parallel", self.data_parallel)
         self.attempt("HF export", self.export)
         for precision in self.p.precisions:

@@ -18,7 +18,7 @@ MIN_MEASURED = 4  # updates: two halves of two at least
 
 
 @dataclass
-class Training:
+class TrainingResult:
     """What N updates of one objective in one precision measured."""
 
     batch: int

@@ -56,7 +56,7 @@ class _Registered(Mapping):
 
     def _load(self) -> Dict[str, ObjectiveSpec]:
         if self._specs is None:
-            from ...pretrain.tasks.registry import registered_objectives
+            from ...pretrain.tasks.registry import runnable_objectives
 
             self._specs = {
                 d.comparison_name: ObjectiveSpec(
@@ -73,9 +73,7 @@ class _Registered(Mapping):
                     d.user_dir,
                     d,
                 )
-                for d in registered_objectives()
-                # fairseq-train loads the plugin's own with --user-dir seed_fairseq, another's with its user_dir
-                if d.arch and (d.user_dir or _registered_module(d.task).startswith("seed_fairseq."))
+                for d in runnable_objectives()
             }
         return self._specs
 
@@ -103,15 +101,9 @@ class _Order(Sequence):
         return len(self._names())
 
 
-def _registered_module(task: str) -> str:
-    from fairseq.tasks import TASK_REGISTRY
-
-    return getattr(TASK_REGISTRY.get(task), "__module__", "")
-
-
 OBJECTIVES: Mapping[str, ObjectiveSpec] = _Registered()
 ORDER: Sequence[str] = _Order()
-BASELINE = "mlm"
+MLM_BASELINE = "mlm"
 
 
 @dataclass(frozen=True)
