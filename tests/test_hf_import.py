@@ -613,9 +613,9 @@ def test_what_the_import_cannot_carry_is_one_error_line_before_anything_is_writt
 def test_pooled_vectors_that_differ_from_sentence_transformers_are_never_written(sentence_model, tmp_path, monkeypatch):
     """The import compares fairseq's pooled vectors with SentenceTransformer's, the export its written
     modules with fairseq's: a representation read or written wrong is an error, and nothing appears."""
+    from seed_fairseq.base.representation import Representation
     from seed_fairseq.encoders.hf import export as export_module
     from seed_fairseq.encoders.hf import import_
-    from seed_fairseq.encoders.hf.sentence import Representation
 
     imported = import_.import_model(sentence_model, tmp_path / "imported")  # mean pooling, dot
     real_save = export_module.save_sentence_transformer

@@ -50,6 +50,16 @@ def test_user_dir_registry_names_and_entry_points():
     assert set(points) >= {"seed_fairseq.representations:dupmae", "seed_fairseq.exporters:dupmae"}
 
 
+def test_the_0_1_head_dropping_module():
+    """0.1's README documented ``python -m seed_fairseq.drop_decoder`` and ``drop_decoder(state) -> state``."""
+    from seed_fairseq.drop_decoder import drop_decoder
+    from seed_fairseq.encoders.drop_heads import drop_heads
+
+    assert drop_decoder is drop_heads
+    out = subprocess.run([sys.executable, "-m", "seed_fairseq.drop_decoder", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("usage:") and "checkpoint" in out.stdout, out.stderr[-2000:]
+
+
 def test_preprocess_build_runs_as_a_module():
     out = subprocess.run(
         [sys.executable, "-m", "preprocess.build", "--help"], cwd=REPO / "tests", capture_output=True, text=True

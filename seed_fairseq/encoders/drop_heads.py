@@ -263,6 +263,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-# the name of 0.1
-drop_decoder = drop_heads

@@ -5,6 +5,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from ..base import representation
 from ..base.vocabulary.dictionary import dictionary_sha256
 from .checkpoint import (
     EMBED_KEY,
@@ -89,21 +90,18 @@ def encoder_architecture(model_cfg: Any, path: PathLike = "the checkpoint") -> E
     return EncoderArchitecture(**facts)
 
 
-# The task options that say which vector the model is scored and pre-trained on
-# (models/bottleneck.py: --bottleneck-pooling, --retrieval-similarity, --bottleneck-unnormalized), how
-# long a text its users encode (--retrieval-max-length: the export's text cut) and whether a cosine model's
-# vectors are unit vectors (--retrieval-raw-vectors: the export's Normalize module or none)
-REPRESENTATION_OPTIONS = (
-    "bottleneck_pooling", "retrieval_similarity", "bottleneck_unnormalized", "retrieval_max_length",
-    "retrieval_raw_vectors",
-)  # fmt: skip
+# The task options that say which vector the model is scored and pre-trained on: the model's
+# representation (base/representation.py: --bottleneck-pooling, --retrieval-similarity,
+# --retrieval-max-length, --retrieval-raw-vectors) and what the bottleneck reads of it
+# (--bottleneck-unnormalized, models/bottleneck.py)
+REPRESENTATION_OPTIONS = (*representation.OPTIONS, "bottleneck_unnormalized")
 
 
 def representation_options(state: dict) -> Dict[str, Any]:
     """The model's representation options as the checkpoint records them: its task config's, or,
     in an encoder-only checkpoint of ``seed-drop-heads`` (whose task config is stock
     ``masked_lm``'s, which has no such option), ``extra_state["seed_fairseq"]["representation_options"]``.
-    Options a checkpoint does not record are left out (``models.bottleneck.pooling_options``
+    Options a checkpoint does not record are left out (``base.representation.option_values``
     gives the papers' [CLS] and dot product for them)."""
     extra = (state.get("extra_state") or {}).get("seed_fairseq") or {}
     kept = extra.get("representation_options") if isinstance(extra, dict) else None

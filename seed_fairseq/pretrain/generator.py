@@ -36,9 +36,6 @@ logger = logging.getLogger(__name__)
 SAMPLE_CHUNK = 1024  # masked positions sampled at once (bounds the fp32 rows x vocab temporaries)
 
 
-file_sha256 = sha256_file  # its 0.2 name
-
-
 def inverse_cdf_sample(logits: torch.Tensor, u: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
     """One sample per row of ``softmax(logits)`` (banned ids get probability 0).
 
@@ -114,7 +111,7 @@ class FrozenGenerator:
             )
         ids = torch.arange(len(task.source_dictionary))
         banned = ~is_ordinary(ids, task.source_dictionary.nspecial, task.mask_idx)
-        sha = file_sha256(path)
+        sha = sha256_file(path)
         n_params = sum(p.numel() for p in model.parameters())
         logger.info(f"generator: {path} ({name}, {n_params} parameters, sha256 {sha[:12]}...), frozen")
         return cls(model, path, sha, banned, task.mask_idx)

@@ -42,7 +42,6 @@ from .head import CONFIG_FILE, DupMAEHead, HeadFileError, check_top_k, has_head,
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-REPRESENTATIONS = ("cls", "dupmae")  # the 0.2 spelling; representations.names() is what is registered
 
 
 def dupmae_head(model: "SentenceTransformer") -> Optional[DupMAEHead]:

@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING, Optional, Union
 
 if TYPE_CHECKING:
-    from .sentence import Representation
+    from ...base.representation import Representation
     from .texts import HFTexts, SpmTexts
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
 import torch
 
 from ...base.fileio import OutputError, PathLike, owned_output, staged_dir
+from ...base.representation import PAPERS, Representation, of_options
 from ...base.vocabulary.dictionary import dictionary_sha256
 from ...base.vocabulary.tokenizer import RECORD as VOCAB_RECORD
 from ...base.vocabulary.tokenizer import (
@@ -45,7 +46,7 @@ from .folder import HFFolderError, check_finite
 from .import_keymap import fairseq_positions_to_hf
 from .keymap import fairseq_to_hf
 from .representation import ExportError, ExportJob
-from .sentence import PAPERS, Representation, from_options, st_modules
+from .sentence import st_modules
 from .texts import HFTexts, SpmTexts, check_texts
 
 if TYPE_CHECKING:
@@ -207,14 +208,8 @@ def recorded_representation(state: dict, checkpoint: PathLike = "the checkpoint"
     its task config, or an encoder-only checkpoint's extra_state); the papers' [CLS] and dot product
     for a checkpoint written before it was recorded.  :class:`ExportError` naming ``checkpoint`` for
     a value the export cannot write as sentence-transformers modules."""
-    from ...pretrain.models.bottleneck import pooling_options
-
-    options = recorded_options(state)
-    pooling, similarity, _ = pooling_options(options)
     try:
-        return from_options(
-            pooling, similarity, options.get("retrieval_max_length", 0), options.get("retrieval_raw_vectors", False)
-        )
+        return of_options(recorded_options(state))
     except ValueError as e:
         raise ExportError(f"{checkpoint}: records {e}") from None
 

@@ -6,8 +6,8 @@ from typing import List, Union
 
 import torch
 
+from ...base.representation import Representation
 from .representation import ExportError
-from .sentence import Representation
 from .texts import HFTexts, SpmTexts, length_batches
 
 

@@ -43,6 +43,7 @@ from ...base.fileio import (
     write_json_atomic,
     write_text_atomic,
 )
+from ...base.representation import Representation
 from ...base.vocabulary.tokenizer import RECORD as VOCAB_RECORD
 from ...base.vocabulary.tokenizer import (
     TOKENIZER_DIR,
@@ -70,7 +71,7 @@ from .folder import (
 from .import_check import compare, compare_representation
 from .import_keymap import FAMILIES, HEAD, HEAD_KEYS, Family, hf_to_fairseq, position_offset
 from .keymap import UnmappedKeyError
-from .sentence import Representation, read_folder
+from .sentence import read_folder
 
 if TYPE_CHECKING:
     from fairseq.models import BaseFairseqModel

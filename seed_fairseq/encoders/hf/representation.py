@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
 
 from ...base.extensions import Extensions
-from .sentence import PAPERS, Representation
+from ...base.representation import PAPERS, Representation
 
 ENTRY_POINTS = "seed_fairseq.exporters"
 

@@ -25,10 +25,11 @@ representation of its own: it gets the papers' [CLS] vector and dot product.
 """
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...base.representation import PAPERS, SIMILARITIES, ST_POOLING, Representation
 from .folder import HFFolderError
 
 MODULES = "modules.json"
@@ -51,10 +52,8 @@ TOOL_RECORDS = {
     "finetune.json": ("examples/retrieval/finetune.py",),
 }
 
-# sentence-transformers' pooling modes -> the plugin's (models/bottleneck.POOLING_MODES)
-ST_TO_PLUGIN = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
-                "lasttoken": "lasttoken"}  # fmt: skip
-PLUGIN_TO_ST = {v: k for k, v in ST_TO_PLUGIN.items()}
+# sentence-transformers' pooling modes -> the plugin's (base/representation.py)
+ST_TO_PLUGIN = {st: plugin for plugin, st in ST_POOLING.items()}
 # the legacy spelling of 1_Pooling/config.json (sentence-transformers < 5), in its concatenation order
 LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -64,7 +63,6 @@ LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-SIMILARITIES = ("dot", "cosine")
 # similarity_fn_name spellings -> the plugin's, matched without case: the values of sentence-transformers'
 # SimilarityFunction ("cosine", "dot"), its member names (COSINE, DOT_PRODUCT, DOT) and its util functions
 # (cos_sim, dot_score).  sentence-transformers 6 takes only "cosine", "dot", "euclidean" and "manhattan" and
@@ -75,60 +73,6 @@ SIMILARITY_NAMES = {"dot": "dot", "dot_product": "dot", "dot_score": "dot", "cos
 DISTANCES = ("euclidean", "manhattan")
 
 
-@dataclass(frozen=True)
-class Representation:
-    """One vector per text: the encoder's last-layer vectors pooled (``pooling``, the plugin's
-    name), compared by ``similarity``; with ``cosine`` the model's vectors are L2-normalised (its
-    ``Normalize`` module: then the inner product is the cosine, what a faiss inner-product index
-    ranks by) unless ``raw_vectors`` (no ``Normalize`` module: the cosine compares them as they are)."""
-
-    pooling: str = "cls"
-    similarity: str = "dot"
-    # the longest text in tokens (sentence-transformers' max_seq_length, text_cut: all-MiniLM-L6-v2 cuts
-    # at 256 of its 512 positions); 0: the model's positions
-    max_length: int = 0
-    raw_vectors: bool = False  # with cosine: no Normalize module (--retrieval-raw-vectors)
-
-    @property
-    def normalize(self) -> bool:
-        """Does the model's last module L2-normalise its vectors (a ``Normalize`` module)?"""
-        return self.similarity == "cosine" and not self.raw_vectors
-
-    def seq_length(self, positions: int) -> int:
-        """The tokens a text keeps: :attr:`max_length`, at most the model's ``positions``."""
-        return min(self.max_length, positions) if self.max_length > 0 else positions
-
-    def within(self, positions: int) -> "Representation":
-        """This representation on a model of ``positions`` positions: a cut at or beyond them is no cut
-        of its own (``max_length`` 0, the positions), as the task options and the export record it."""
-        return replace(self, max_length=0) if self.max_length >= positions else self
-
-    @property
-    def st_pooling(self) -> str:
-        """sentence-transformers' name of the pooling (``Pooling(pooling_mode=...)``)."""
-        return PLUGIN_TO_ST[self.pooling]
-
-    def task_args(self) -> List[str]:
-        """The fairseq-train options that make every objective pre-train and validate this vector."""
-        length = ["--retrieval-max-length", str(self.max_length)] if self.max_length > 0 else []
-        raw = ["--retrieval-raw-vectors"] if self.raw_vectors else []
-        return ["--bottleneck-pooling", self.pooling, "--retrieval-similarity", self.similarity, *length, *raw]
-
-    def record(self) -> Dict[str, Any]:
-        length = {"max_seq_length": self.max_length} if self.max_length > 0 else {}
-        return {"pooling": self.pooling, "normalize": self.normalize, "similarity": self.similarity, **length}
-
-    def describe(self) -> str:
-        """``mean pooling, normalised, cosine`` / ``[CLS] vector, dot product`` / ``max pooling, cosine``."""
-        if self.pooling == "cls":
-            what = "[CLS] vector"
-        else:
-            what = f"{self.st_pooling} pooling"
-        how = "normalised, cosine" if self.normalize else "cosine" if self.similarity == "cosine" else "dot product"
-        return f"{what}, {how}"
-
-
-PAPERS = Representation()  # the papers' [CLS] vector and dot product: a model built from scratch
 
 
 def st_modules() -> Tuple[type, type, type]:
@@ -138,19 +82,6 @@ def st_modules() -> Tuple[type, type, type]:
     except ImportError:  # 3.x - 5.x
         from sentence_transformers.models import Normalize, Pooling, Transformer
     return Transformer, Pooling, Normalize
-
-
-def from_options(pooling: str, similarity: str, max_length: int = 0, raw_vectors: bool = False) -> Representation:
-    """The representation of the task options ``--bottleneck-pooling`` / ``--retrieval-similarity`` /
-    ``--retrieval-max-length`` / ``--retrieval-raw-vectors``; ValueError for a value the tools cannot
-    write back."""
-    if pooling not in PLUGIN_TO_ST:
-        raise ValueError(f"bottleneck_pooling {pooling!r} is not one of {', '.join(PLUGIN_TO_ST)}")
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"retrieval_similarity {similarity!r} is not one of {', '.join(SIMILARITIES)}")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
-        raise ValueError(f"retrieval_max_length {max_length!r} is not a whole number >= 0")
-    return Representation(pooling, similarity, max_length, bool(raw_vectors) and similarity == "cosine")
 
 
 def _json(path: Path) -> Any:

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...base.representation import PAPERS, SIMILARITIES
 from ...base.retrieval_data import DataFormatError
 from ...base.vocabulary.tokenizer import TokenizerError, broken_json, check_tokenizer_fits
 from ..hf.folder import CONFIG, HFFolderError, check_folder
 from ..hf.folder import check_finite as check_finite_weights
-from ..hf.sentence import SIMILARITIES, declared_similarity, module_list, st_modules
+from ..hf.sentence import declared_similarity, module_list, st_modules
 from . import representations
 from .index import SearchError, build_index, check_finite, make_index, search, to_run
 from .precision import PRECISIONS, autocast, quantized_int8
@@ -394,8 +395,9 @@ def _load_cls(model: "SentenceTransformer", folder: Path, sparse_top_k: Optional
     dim = getattr(encoder, "get_embedding_dimension", None) or getattr(encoder, "get_word_embedding_dimension", None)
     if dim is None:
         raise DataFormatError(folder, None, "its first module is not an encoder whose [CLS] vector could be taken")
-    cls = SentenceTransformer(modules=[encoder, Pooling(dim(), pooling_mode="cls")], device=str(model.device))
-    return _with_similarity(cls, "dot")
+    pooling = Pooling(dim(), pooling_mode=PAPERS.st_pooling)
+    cls = SentenceTransformer(modules=[encoder, pooling], device=str(model.device))
+    return _with_similarity(cls, PAPERS.similarity)
 
 
 def _save(model: "SentenceTransformer", folder: Path) -> None:

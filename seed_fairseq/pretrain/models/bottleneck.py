@@ -56,6 +56,7 @@ from fairseq.models.roberta import RobertaModel
 from fairseq.utils import safe_getattr
 
 from ...base.errors import ConfigurationError
+from ...base.representation import POOLING_MODES, SIMILARITIES, option_values
 from ..checkpoint import EMBED_KEY, CheckpointError
 from ..option_ranges import check_ranges
 
@@ -63,8 +64,6 @@ logger = logging.getLogger(__name__)
 
 
 # sentence-transformers' Pooling modes (its spelling of mean_sqrt_len: "mean_sqrt_len_tokens")
-POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "lasttoken")
-SIMILARITIES = ("dot", "cosine")
 
 
 def pool(features: torch.Tensor, padding_mask: torch.Tensor, mode: str = "cls") -> torch.Tensor:
@@ -130,17 +129,11 @@ def vector_memory(vector: torch.Tensor) -> dict:
 def pooling_options(task_cfg) -> Tuple[str, str, bool]:
     """``(pooling, similarity, unnormalized)`` recorded in a task config (the task's ``cfg``, or a
     checkpoint's ``cfg["task"]``: a dict, an OmegaConf config or a Namespace); one without them
-    (written before they existed, another task's) gives the papers' [CLS] and dot product."""
-
-    def get(key, default):
-        value = task_cfg.get(key) if isinstance(task_cfg, Mapping) else safe_getattr(task_cfg, key, None)
-        return default if value is None else value
-
-    return (
-        str(get("bottleneck_pooling", "cls")),
-        str(get("retrieval_similarity", "dot")),
-        bool(get("bottleneck_unnormalized", False)),
-    )
+    (written before they existed, another task's) gives the papers' [CLS] and dot product
+    (``base/representation.option_values``)."""
+    values = option_values(task_cfg)
+    get = task_cfg.get if isinstance(task_cfg, Mapping) else lambda key: safe_getattr(task_cfg, key, None)
+    return str(values["bottleneck_pooling"]), str(values["retrieval_similarity"]), bool(get("bottleneck_unnormalized"))
 
 
 def check_positions(args, task) -> None:

@@ -16,7 +16,7 @@ from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from fairseq.tasks.masked_lm import MaskedLMConfig
 from omegaconf import II
 
-from ..models.bottleneck import POOLING_MODES, SIMILARITIES
+from ...base.representation import DEFAULT_POOLING, DEFAULT_SIMILARITY, POOLING_MODES, SIMILARITIES
 from ..option_ranges import NON_NEGATIVE, Range
 
 POOLING_CHOICES = ChoiceEnum(list(POOLING_MODES))
@@ -117,7 +117,7 @@ class BottleneckPretrainConfig(MaskedLMConfig):
     # The model's representation (models/bottleneck.py): what every bottleneck reads, what the
     # validation scores; recorded in the checkpoint's task config (an old checkpoint: cls, dot)
     bottleneck_pooling: POOLING_CHOICES = field(
-        default="cls",
+        default=DEFAULT_POOLING,
         metadata={
             "help": "how the encoder's last-layer vectors become the one vector per text that every decoder and "
             "bottleneck head reads (SEED's weak decoder, RetroMAE/DupMAE's enhanced decoder, SimLM's decoder, "
@@ -127,7 +127,7 @@ class BottleneckPretrainConfig(MaskedLMConfig):
         },
     )
     retrieval_similarity: SIMILARITY_CHOICES = field(
-        default="dot",
+        default=DEFAULT_SIMILARITY,
         metadata={
             "help": "how the pooled vectors are compared: dot (inner product, the papers', the default) or cosine "
             "(a sentence-transformers model with a Normalize module or a cosine similarity_fn_name).  The "

@@ -26,18 +26,15 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
 from ...base.errors import ConfigurationError
+from ...base.representation import PAPERS, Representation, of_options
 from ..checkpoint import CheckpointError, num_updates
-from ..checkpoint_records import (
-    REPRESENTATION_CHANGES,
-    REPRESENTATION_OPTIONS,
-    representation_changes,
-    representation_options,
-)
+from ..checkpoint_records import REPRESENTATION_CHANGES, representation_changes, representation_options
 from .identity import POSITIONS_KEY
 
 logger = logging.getLogger(__name__)
 
 ALLOW_OPTION = "--allow-representation-change"
+UNNORMALIZED = "bottleneck_unnormalized"  # what the bottleneck reads of the representation (models/bottleneck.py)
 
 
 def check_max_length(max_length: int, positions: Optional[int]) -> None:
@@ -51,62 +48,49 @@ def check_max_length(max_length: int, positions: Optional[int]) -> None:
 
 @dataclass(frozen=True)
 class Vector:
-    """One setting of the representation options (defaults: the papers')."""
+    """One setting of the representation options: the model's representation (``base/representation.py``)
+    and whether the bottleneck reads it unnormalised (defaults: the papers')."""
 
-    pooling: str = "cls"
-    similarity: str = "dot"
+    representation: Representation = PAPERS
     unnormalized: bool = False
-    max_length: int = 0
-    raw_vectors: bool = False
 
     @classmethod
     def of(cls, options: Any) -> "Vector":
-        """From a task config (the run's) or the mapping ``representation_options`` gives (a checkpoint's)."""
-
-        def get(name, default):
-            value = options.get(name) if isinstance(options, Mapping) else getattr(options, name, None)
-            return default if value is None else value
-
-        return cls(
-            str(get("bottleneck_pooling", "cls")),
-            str(get("retrieval_similarity", "dot")),
-            bool(get("bottleneck_unnormalized", False)),
-            int(get("retrieval_max_length", 0)),
-            bool(get("retrieval_raw_vectors", False)),
+        """From a task config (the run's) or the mapping ``representation_options`` gives (a checkpoint's);
+        ValueError for a value no representation has."""
+        unnormalized = (
+            options.get(UNNORMALIZED) if isinstance(options, Mapping) else getattr(options, UNNORMALIZED, None)
         )
+        return cls(of_options(options), bool(unnormalized))
 
     def cut(self, positions: Optional[int]) -> Optional[int]:
-        """The text length the export writes (``sentence.Representation.seq_length``)."""
-        if positions is None:
-            return self.max_length
-        return min(self.max_length, positions) if self.max_length > 0 else positions
+        """The text length the export writes (``Representation.seq_length``)."""
+        return self.representation.max_length if positions is None else self.representation.seq_length(positions)
 
     def reads_normalized(self) -> bool:
-        return self.similarity == "cosine" and not self.unnormalized
+        return self.representation.similarity == "cosine" and not self.unnormalized
 
     def differs(self, other: "Vector", positions: Optional[int], trained: bool) -> bool:
-        return (self.pooling, self.similarity, self.cut(positions), self.raw_vectors) != (
-            other.pooling,
-            other.similarity,
+        a, b = self.representation, other.representation
+        return (a.pooling, a.similarity, self.cut(positions), a.raw_vectors) != (
+            b.pooling,
+            b.similarity,
             other.cut(positions),
-            other.raw_vectors,
+            b.raw_vectors,
         ) or (trained and self.reads_normalized() != other.reads_normalized())
 
     def options(self) -> str:
         """The fairseq-train options of this vector."""
-        text = (
-            f"--bottleneck-pooling {self.pooling} --retrieval-similarity {self.similarity} "
-            f"--retrieval-max-length {self.max_length}"
-        )
+        r = self.representation
         return (
-            text
+            f"--bottleneck-pooling {r.pooling} --retrieval-similarity {r.similarity} "
+            f"--retrieval-max-length {r.max_length}"
             + (" --bottleneck-unnormalized" if self.unnormalized else "")
-            + (" --retrieval-raw-vectors" if self.raw_vectors else "")
+            + (" --retrieval-raw-vectors" if r.raw_vectors else "")
         )
 
     def record(self) -> Dict[str, Any]:
-        values = (self.pooling, self.similarity, self.unnormalized, self.max_length, self.raw_vectors)
-        return dict(zip(REPRESENTATION_OPTIONS, values))
+        return {**self.representation.options(), UNNORMALIZED: self.unnormalized}
 
 
 def _positions(state: dict, pad: int) -> Optional[int]:
@@ -130,7 +114,10 @@ class RepresentationRecord:
         add this one."""
         changes = representation_changes(state, filename)
         recorded = representation_options(state)
-        before, now = Vector.of(recorded), Vector.of(self.cfg)
+        try:
+            before, now = Vector.of(recorded), Vector.of(self.cfg)
+        except ValueError as e:
+            raise CheckpointError(filename, f"records {e}") from None
         updates = num_updates(state)
         if before.differs(now, _positions(state, self.source_dictionary.pad()), trained=updates > 0):
             was = before.options() + ("" if recorded else " (it records none: the papers' default)")

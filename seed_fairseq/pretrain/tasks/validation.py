@@ -11,6 +11,7 @@ from fairseq.distributed import utils as distributed_utils
 from omegaconf.errors import OmegaConfBaseException
 
 from ...base.errors import ConfigurationError
+from ...base.representation import PAPERS
 from ...base.retrieval_data import DataFormatError, load_data
 from ...base.vocabulary.text_ids import for_data_folder
 from ...base.vocabulary.tokenizer import TokenizerError
@@ -188,7 +189,7 @@ class Validation:
         same pooling and similarity: a record without them was [CLS] and dot product)."""
         record = (state or {}).get(START_SCORES) or {}
         dev = self.retrieval_dev.identity if self.retrieval_dev else None
-        if list(record.get("representation") or ["cls", "dot"]) != self.representation():
+        if list(record.get("representation") or [PAPERS.pooling, PAPERS.similarity]) != self.representation():
             record = {}
         same = {
             "probe_mrr10": record.get("probe_size") == self.cfg.retrieval_probe_size,
