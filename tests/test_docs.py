@@ -195,13 +195,36 @@ def test_the_checker_finds_broken_links(tmp_path):
 
 
 
+def test_the_readmes_objectives_table_is_the_generated_one():
+    """README.md shows the objectives' table, written between its markers from the descriptions."""
+    from seed_fairseq.objective_tables import README_MARKERS, readme_with_table
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme_with_table(text) == text, "stale: python scripts/objective_tables.py --update-readme"
+    stale = text.replace("| `bowpred_pretrain` |", "| `bow_pretrain` |")
+    assert readme_with_table(stale) == text  # what the check compares with is the descriptions', not the file's
+    with pytest.raises(ValueError, match="markers"):
+        readme_with_table(text.replace(README_MARKERS[0], ""))
+
+
+def test_adapts_list_of_objectives_is_every_objective():
+    """docs/adapt.md names --objective's values in prose: every one the comparison's table has, no other."""
+    import re
+
+    from seed_fairseq.workflows.kit.objectives import ORDER
+
+    text = " ".join((REPO / "docs" / "adapt.md").read_text(encoding="utf-8").split())
+    listed = re.search(r"`--objective` is one of (.*?) \(", text)
+    assert listed and re.findall(r"`([^`]+)`", listed.group(1)) == list(ORDER)
+
+
 def test_every_objective_is_a_row_of_every_table():
     """The objectives' tables (``scripts/objective_tables.py``; the docs point to it) are written from the
     descriptions: one row per objective, a new description is a new row, its page linked."""
     import dataclasses
 
+    from seed_fairseq.objective_tables import TABLES, render
     from seed_fairseq.pretrain.tasks.registry import plugin_objectives
-    from seed_fairseq.pretrain.tasks.tables import TABLES, render
 
     described = plugin_objectives()
     new = dataclasses.replace(

@@ -166,7 +166,9 @@ def write_encoder_checkpoint(
     from fairseq.data import Dictionary
     from fairseq.models.roberta import RobertaModel
 
-    import seed_fairseq  # noqa: F401  (registers the model; fairseq's checkpoint loading without code)
+    import seed_fairseq
+
+    seed_fairseq.register()  # the model, and fairseq's checkpoint loading without code
 
     from ..pretrain.models import pretraining_model_class
 

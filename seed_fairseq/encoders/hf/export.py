@@ -110,7 +110,9 @@ def load_inputs(
     (``--trust-checkpoint``; ``checkpoint.load_torch_file``)."""
     from fairseq.data import Dictionary
 
-    import seed_fairseq  # noqa: F401  (registers the model; fairseq's checkpoint loading without code)
+    import seed_fairseq
+
+    seed_fairseq.register()  # the model, and fairseq's checkpoint loading without code
 
     checkpoint, data = Path(checkpoint), Path(data)
     try:

@@ -119,9 +119,9 @@ class BottleneckPretrainConfig(MaskedLMConfig):
     bottleneck_pooling: POOLING_CHOICES = field(
         default=DEFAULT_POOLING,
         metadata={
-            "help": "how the encoder's last-layer vectors become the one vector per text that every decoder and "
-            "bottleneck head reads (SEED's weak decoder, RetroMAE/DupMAE's enhanced decoder, SimLM's decoder, "
-            "CPDAE's bag-of-words MLP and contrast) and that the validation's retrieval scores: cls (the [CLS] "
+            "help": "how the encoder's last-layer vectors become the one vector per text that every objective's "
+            "decoder and bottleneck heads read (the 'pre-training heads' of python scripts/objective_tables.py) "
+            "and that the validation's retrieval scores: cls (the [CLS] "
             "vector, the papers', the default), mean, max, mean_sqrt_len or lasttoken over the non-pad positions "
             "(sentence-transformers' Pooling modes: continue a model with the pooling it ships with)"
         },

@@ -118,7 +118,9 @@ class Run:
         from fairseq.dataclass import utils as dataclass_utils
         from fairseq.trainer import Trainer
 
-        import seed_fairseq  # noqa: F401  (registers the plugin and the fairseq fixes)
+        import seed_fairseq
+
+        seed_fairseq.register()  # the plugin and the fairseq fixes
 
         self.device = device
         ns = options.parse_args_and_arch(options.get_training_parser(), parse_argv(data, args))

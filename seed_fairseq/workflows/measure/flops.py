@@ -53,7 +53,9 @@ def count_update_flops(data_bin, args: List[str], batches: int = BATCHES) -> Dic
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from torch.utils.flop_counter import FlopCounterMode
 
-    import seed_fairseq  # noqa: F401  (registers the plugin and fairseq fixes)
+    import seed_fairseq
+
+    seed_fairseq.register()  # the plugin and the fairseq fixes
 
     parser = options.get_training_parser()
     ns = options.parse_args_and_arch(parser, parse_argv(data_bin, args))

@@ -1,19 +1,21 @@
-"""The objectives' tables, written from the registered objectives' descriptions.
+"""The objectives' tables for the docs, written from the registered objectives' descriptions.
 
-    python scripts/objective_tables.py               # every table, as Markdown
-    python scripts/objective_tables.py comparison    # one of them
+    python scripts/objective_tables.py                   # every table, as Markdown
+    python scripts/objective_tables.py comparison        # one of them
+    python scripts/objective_tables.py --update-readme   # README.md's table, between its markers
 
-The docs keep no table of the objectives (they point here): an objective added to the
-plugin is a row of every table without an edit anywhere (``seed_fairseq/base/objectives.py``
-says what each field is).
+The docs keep no hand-written table of the objectives: README.md holds the ``objectives`` table between
+:data:`README_MARKERS`, written here and checked by tests/test_docs.py; the other pages point to the
+script.  An objective added to the plugin is a row of every table without an edit anywhere
+(``seed_fairseq/base/objectives.py`` says what each field is).
 """
 
 import os
 import re
 from typing import Callable, Dict, List, Sequence
 
-from ...base.objectives import ObjectiveDescription
-from .registry import plugin_objectives
+from .base.objectives import ObjectiveDescription
+from .pretrain.tasks.registry import plugin_objectives
 
 
 def _code(items: Sequence[str]) -> str:
@@ -78,3 +80,16 @@ TABLES: Dict[str, Callable[[Sequence[ObjectiveDescription], str], List[str]]] = 
 def render(name: str, ds: Sequence[ObjectiveDescription] = None, where: str = "README.md") -> str:
     """Table ``name`` of the plugin's objectives (or of ``ds``), its links relative to the file ``where``."""
     return "\n".join(TABLES[name](plugin_objectives() if ds is None else ds, where))
+
+
+README_MARKERS = ("<!-- objectives:begin -->", "<!-- objectives:end -->")
+
+
+def readme_with_table(text: str) -> str:
+    """``text`` (README.md) with the ``objectives`` table between :data:`README_MARKERS` written anew;
+    ValueError when the markers are missing or out of order."""
+    begin, end = README_MARKERS
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"README.md: the markers {begin} ... {end} are missing")
+    return text[: start + len(begin)] + "\n" + render("objectives") + "\n" + text[stop:]
