@@ -150,3 +150,33 @@ def test_old_checkpoint_exports_to_the_same_features(tmp_path):
     expected = torch.tensor(EXPECTED["features"])
     keep = tokens.ne(1)
     torch.testing.assert_close(features[keep], expected[keep], rtol=0, atol=1e-5)
+
+
+# the model card 0.1's export wrote into its folder (seed_fairseq/hf/export.py at 0.1), its first lines
+CARD_0_1 = """---
+library_name: transformers
+tags: [seed-encoder, dense-retrieval, fairseq, sentence-transformers]
+license: mit
+---
+
+# SEED-Encoder (exported from fairseq)
+
+A RoBERTa-style encoder pre-trained with MLM plus a weak decoder that reconstructs the
+input from the [CLS] vector alone (SEED-Encoder, Lu et al., EMNLP 2021), trained with
+`seed_fairseq`. Exported as **XLMRobertaModel (encoder only)**; the decoder is not included.
+"""
+
+
+def test_a_folder_0_1s_export_wrote_is_scored_as_0_1_did(tmp_path):
+    """0.1's export kept no record: sentence-transformers wrote its default "cosine" beside [CLS] pooling,
+    and the model card said [CLS] and dot product. The retrieval tools score such a folder by the dot
+    product, as 0.1 did; the same folder without 0.1's card is a model from elsewhere (cosine)."""
+    from test_retrieval import make_tiny_model
+
+    from seed_fairseq.encoders.retrieval.search import load_model, similarity
+
+    model = make_tiny_model(tmp_path)  # [CLS] pooling, no Normalize, "cosine" written by sentence-transformers
+    assert json.loads((model / "config_sentence_transformers.json").read_text())["similarity_fn_name"] == "cosine"
+    assert similarity(load_model(str(model), "cpu")) == "cosine"
+    (model / "README.md").write_text(CARD_0_1, encoding="utf-8")
+    assert similarity(load_model(str(model), "cpu")) == "dot"

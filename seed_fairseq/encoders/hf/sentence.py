@@ -15,9 +15,10 @@ rule the import and the retrieval tools share:
 * a model that normalises (a ``Normalize`` module) compares by cosine: on unit vectors the
   dot product is the cosine, whatever ``similarity_fn_name`` says;
 * a folder this project wrote (its export or fine-tuning record beside it) compares as that
-  record says; one written before the record said it (0.2.0 before issue 33) was [CLS] and
-  the dot product, although sentence-transformers wrote ``"similarity_fn_name": "cosine"``
-  (its default) into every folder it saved;
+  record says; one written before the record said it (0.2.0 before issue 33, and 0.1's export,
+  which kept no record but its model card) was [CLS] and the dot product, although
+  sentence-transformers wrote ``"similarity_fn_name": "cosine"`` (its default) into every folder
+  it saved;
 * otherwise ``similarity_fn_name`` (``cosine`` or ``dot``), else the dot product.
 
 A folder without ``modules.json`` (a plain HuggingFace encoder, BERT as released) has no
@@ -159,9 +160,27 @@ def _is_tool_record(name: str, record: Any) -> bool:
     return name == "finetune.json" and {"config", "steps", "train_queries"} <= record.keys()
 
 
+# 0.1's export kept no record; its model card (README.md) opened with these lines and told users to
+# rank by the [CLS] vector's dot product, while sentence-transformers wrote its default "cosine" beside it
+EXPORT_0_1_CARD = ("tags: [seed-encoder, dense-retrieval, fairseq, sentence-transformers]",
+                   "# SEED-Encoder (exported from fairseq)")  # fmt: skip
+
+
+def is_export_0_1(folder) -> bool:
+    """Is ``folder`` a model 0.1's export wrote (its model card, no export record)?"""
+    try:
+        head = (Path(folder) / "README.md").read_text(encoding="utf-8")[:2000].splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return all(line in head for line in EXPORT_0_1_CARD)
+
+
 def record_similarity(folder) -> Optional[str]:
     """The similarity a record of this project's tools in ``folder`` states: its ``similarity``,
-    ``dot`` for one written before records stated it; None without such a record."""
+    ``dot`` for one written before records stated it, and for a folder 0.1's export wrote
+    (:func:`is_export_0_1`); None without such a record."""
+    if is_export_0_1(folder) and not (Path(folder) / "seed_fairseq_export.json").is_file():
+        return "dot"
     for name in TOOL_RECORDS:
         path = Path(folder) / name
         try:
