@@ -182,8 +182,11 @@ if [ -n "$INSTALL" ]; then
     child run_install > "$DEST/install.log" 2>&1
     RC=$?
     T1=$(date +%s)
-    BUILT=$(grep -o 'fairseq: built and installed in [0-9]* s' "$DEST/install.log" | tail -1)
-    note "install: exit $RC in $((T1 - T0)) s (limit $LIMIT s) into $VENV; ${BUILT:-fairseq not built}"
+    # setup_env.sh's fairseq line: the bundle's prebuilt wheel (what it was built against), or the sdist built
+    BUILT=$(grep -oE 'fairseq: (built and installed in [0-9]+ s|prebuilt wheel installed in [0-9]+ s \([^)]*\))' "$DEST/install.log" | tail -1)
+    note "install: exit $RC in $((T1 - T0)) s (limit $LIMIT s) into $VENV; ${BUILT:-fairseq not installed}"
+    # why it was built rather than the prebuilt wheel installed, when it was
+    grep -m1 '^fairseq: building from the sdist: ' "$DEST/install.log" | tee -a "$SUMMARY"
     if [ "$RC" -ne 0 ]; then
         [ "$RC" -eq 124 ] && note "install: stopped at its time limit"
         tail -5 "$DEST/install.log" | sed 's/^/  | /' | tee -a "$SUMMARY"

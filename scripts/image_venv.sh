@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A Python 3.12 venv that copies the lent GPU machine's image (scripts/device_image.txt: torch 2.11.0,
 # numpy 2.5.2, transformers 5.17.0, sentence-transformers 6.0.1 ...) for the CPU rehearsal of
-# scripts/device_check.sh (tests/test_device_rehearsal.py, docs/gpu.md). Run where PyPI is reachable:
+# scripts/device_check.sh (tests/test_device_rehearsal.py, docs/gpu.md), and for scripts/device_bundle.sh,
+# which builds fairseq's wheel with it against the image's torch and numpy. Run where PyPI is reachable:
 #
 #   bash scripts/image_venv.sh [DIR]     # default: ~/.cache/seed_fairseq/image-py312
 #

@@ -8,7 +8,9 @@
 #   bash scripts/setup_env.sh --wheelhouse DIR [--system-site-packages] [--dry-run]
 # installs from DIR only: DIR is checked first (every file listed in SHA256SUMS with its digest, none
 # unlisted, the lock agreeing), then each step installs the lock's lines with --require-hashes
-# --no-deps --no-index (pip takes no file whose hash the lock does not pin).  A torch already
+# --no-deps --no-index (pip takes no file whose hash the lock does not pin).  fairseq: DIR's prebuilt
+# wheel where its record fits the venv (Python ABI, torch version, numpy major, platform, glibc and
+# libstdc++: wheelhouse.py fits, run by the venv's python), else built from its sdist.  A torch already
 # importable in the venv (a CUDA build) is kept, whatever its version: it is never replaced, not
 # even by a torch in DIR.  --system-site-packages makes the venv see $PYTHON's packages (a GPU
 # image's CUDA torch, numpy, transformers), also when $PYTHON is itself a venv's.  --dry-run prints
@@ -81,17 +83,38 @@ if [ -n "$WHEELHOUSE" ]; then
     PIN="$VENV/torch-constraint.txt"
     if [ -n "$DRY_RUN" ]; then echo "+ echo torch==$TORCH > $PIN"; else echo "torch==$TORCH" > "$PIN"; fi
     run "${PIP[@]}" --only-binary :all: -c "$PIN" -r "$WH_LOCK_INSTALL"
-    # fairseq from its sdist, built here against the torch above. fairseq compiles CUDA kernels of
+    # fairseq: the wheelhouse's prebuilt wheel (scripts/device_bundle.sh builds one against the GPU image's
+    # torch) only where it fits this venv: the same CPython ABI, torch.__version__ (its local label
+    # included), numpy major and platform, a glibc and libstdc++ as new as its extensions need; checked
+    # by the venv's own interpreter before anything is installed (wheelhouse.py fits). Else from its sdist,
+    # built here against the torch above (--no-binary: never the wheel). fairseq compiles CUDA kernels of
     # generation code (libnat_cuda, ngram_repeat_block_cuda) when CUDA_HOME is set: minutes of nvcc
     # that text training never uses, so it is built without it
-    BUILD_START=$SECONDS
-    run env -u CUDA_HOME "${PIP[@]}" -c "$PIN" --no-build-isolation -r "$WH_LOCK_FAIRSEQ"
-    [ -n "$DRY_RUN" ] || echo "fairseq: built and installed in $((SECONDS - BUILD_START)) s"
+    BUILD_START=$SECONDS WHEEL_FITS="" WHY="the wheelhouse has no prebuilt wheel"
+    if [ -n "$WH_FAIRSEQ_WHEEL" ]; then
+        if [ ! -x "$VPY" ]; then
+            WHY="the prebuilt wheel is not checked: no venv yet (--dry-run)"
+        elif WHY=$("$VPY" scripts/wheelhouse.py fits "$WHEELHOUSE"); then
+            WHEEL_FITS=1
+        else
+            WHY="the prebuilt wheel does not fit: ${WHY:-its check failed}"
+        fi
+    fi
+    if [ -n "$WHEEL_FITS" ]; then
+        echo "fairseq: the prebuilt $(basename "$WH_FAIRSEQ_WHEEL") fits ($WHY): installing it"
+        run "${PIP[@]}" -c "$PIN" --only-binary :all: -r "$WH_LOCK_FAIRSEQ"
+        [ -n "$DRY_RUN" ] || echo "fairseq: prebuilt wheel installed in $((SECONDS - BUILD_START)) s ($WHY)"
+    else
+        echo "fairseq: building from the sdist: $WHY"
+        run env -u CUDA_HOME "${PIP[@]}" -c "$PIN" --no-build-isolation --no-binary :all: -r "$WH_LOCK_FAIRSEQ"
+        [ -n "$DRY_RUN" ] || echo "fairseq: built and installed in $((SECONDS - BUILD_START)) s"
+    fi
     # the plugin itself: nothing from the wheelhouse (no --find-links), no dependency
     run "$VPY" -m pip install -q --no-index --no-deps --no-build-isolation -c "$PIN" -e .
     # scikit-learn imported where fairseq uses it, not at every fairseq-train start (~1 s of 3.6)
     run "$VPY" -m seed_fairseq.pretrain.fairseq_patches.lazy_metrics
-    run "$VPY" -c "import fairseq, torch, seed_fairseq; print('fairseq', fairseq.__version__, '| torch', torch.__version__, '| seed_fairseq', seed_fairseq.__version__)"
+    # and fairseq's compiled data helpers (token blocks, batching), built here or prebuilt, load
+    run "$VPY" -c "import fairseq, torch, seed_fairseq, fairseq.data.data_utils_fast, fairseq.data.token_block_utils_fast; print('fairseq', fairseq.__version__, '| torch', torch.__version__, '| seed_fairseq', seed_fairseq.__version__)"
     exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

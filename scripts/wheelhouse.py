@@ -32,9 +32,23 @@ and put in place only when complete; an earlier wheelhouse is replaced file by f
 its record lists (an entry outside the folder, or through a link, is refused before anything changes),
 and a folder holding files its record does not list is refused before anything is downloaded.
 
+With ``--prebuild-python PY`` (the target image's interpreter, or a venv copying it:
+``scripts/image_venv.sh``), fairseq's wheel too, built here from the staged sdist by the target's own steps
+(:func:`prebuild`: a ``--system-site-packages`` venv over PY, the folder's build lock, then
+``env -u CUDA_HOME pip wheel --no-index --require-hashes --no-deps --no-build-isolation`` against PY's
+torch and numpy, with no network where ``unshare -n`` is allowed), and recorded in ``wheelhouse.json``
+(``fairseq_wheel``: what it was built against, the C libraries' versions its extensions need, how it
+was built). The sdist stays: the target installs the wheel only where it fits (``fits``), else builds.
+
 ``check DIR [PLAN_DIR]`` (setup_env.sh): refuses a folder with a file that SHA256SUMS does not list (under
 ``data/`` too), a listed file missing or altered, or a lock that disagrees with SHA256SUMS; writes the lock's lines of
 each install step into PLAN_DIR and prints the plan as shell assignments.
+
+``fits DIR`` (setup_env.sh, run with the target venv's own interpreter before fairseq is installed):
+exit 0 and ``built against ...`` when the record's wheel fits this interpreter (the same CPython ABI
+tag, the same ``torch.__version__``, local label included, the same numpy major, the same platform, a
+glibc and libstdc++ at least as new as its extensions need), else exit 1 and why, in one line.
+``facts`` prints what that check reads of this interpreter, as JSON.
 
 Dependency markers are evaluated by pip for the interpreter that runs it, so the wheels are
 downloaded by a ``python3.X`` of the target version (this interpreter when the versions agree);
@@ -45,6 +59,7 @@ import argparse
 import email.parser
 import hashlib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -52,6 +67,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -74,6 +90,16 @@ MANIFEST = (RECORD, "requirements.txt", "requirements.lock", "SHA256SUMS")
 DATA = "data"  # --data's files: hashed in SHA256SUMS like the packages, never installed
 # the steps of setup_env.sh --wheelhouse, each a file of the lock's lines (check's PLAN_DIR)
 STEPS = ("build", "torch", "install", "fairseq")
+# the target's build environment (setup_env.sh --wheelhouse under device_check.sh): what the machine's
+# own settings could add to the prebuilt wheel's build is left out
+BUILD_ENV_DROPPED = ("CUDA_HOME", "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED",
+                     "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")  # fmt: skip
+# the versions a compiled extension may need of the C libraries, as ELF version names: (record key, label, pattern)
+LIBRARIES = (
+    ("glibc", "glibc", rb"GLIBC_(2\.[0-9.]*[0-9])"),
+    ("glibcxx", "libstdc++ GLIBCXX", rb"GLIBCXX_(3\.4(?:\.[0-9]+)?)\b"),
+    ("cxxabi", "libstdc++ CXXABI", rb"CXXABI_(1\.3(?:\.[0-9]+)?)\b"),
+)
 
 
 class Refused(Exception):
@@ -84,10 +110,10 @@ def log(message):
     print(message, flush=True)
 
 
-def pip(python, *args, quiet=True):
-    cmd = [str(python), "-m", "pip", *(["--quiet"] if quiet else []), *map(str, args)]
+def pip(python, *args, quiet=True, env=None, prefix=()):
+    cmd = [*map(str, prefix), str(python), "-m", "pip", *(["--quiet"] if quiet else []), *map(str, args)]
     log("+ " + " ".join(cmd))
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     # the machine's pip configuration may name find-links folders that are absent; not ours to report
     lines = [line for line in proc.stdout.splitlines() if "is ignored: it is neither a file" not in line]
     if proc.returncode:
@@ -135,6 +161,12 @@ def parse_args(argv):
         default=None,
         help=f"a folder whose files the target needs beside the packages: copied to DIR/{DATA}/ and hashed",
     )
+    p.add_argument(
+        "--prebuild-python",
+        default=None,
+        help="the target image's interpreter (or a venv copying it, scripts/image_venv.sh): fairseq's wheel is "
+        "built with it as setup_env.sh --wheelhouse would build it there, and recorded beside the sdist",
+    )
     args = p.parse_args(argv)
     m = re.fullmatch(r"3\.(\d+)", args.python)
     if not m:
@@ -145,7 +177,28 @@ def parse_args(argv):
     args.image_packages = read_image(args.image) if args.image else {}
     args.leave_out = sorted({canonical(n) for n in args.leave_out})
     args.data_files = data_files(args.data) if args.data else []
+    if args.prebuild_python:
+        if args.with_torch:
+            raise Refused("--prebuild-python: not with --with-torch (the wheel is built against the image's own torch)")
+        prebuild_interpreter(args.prebuild_python, args.python)
     return args
+
+
+def prebuild_interpreter(python, version):
+    """The facts of a --prebuild-python (:func:`interpreter_facts`); refused before anything is downloaded
+    when it is not a Python ``version`` that imports torch (the wheel is built against its torch)."""
+    try:
+        got = subprocess.run([python, __file__, "facts"], capture_output=True, text=True, timeout=300)
+        facts = json.loads(got.stdout) if got.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        raise Refused(f"--prebuild-python {python}: cannot be run ({e})") from None
+    if not isinstance(facts, dict):
+        raise Refused(f"--prebuild-python {python}: cannot be run ({(got.stderr.strip() or 'no output')[-200:]})")
+    if facts.get("version") != version:
+        raise Refused(f"--prebuild-python {python}: a Python {facts.get('version')}, the target is {version}")
+    if facts.get("torch") is None:
+        raise Refused(f"--prebuild-python {python}: no torch to build fairseq against ({facts.get('torch_error')})")
+    return facts
 
 
 def data_files(folder):
@@ -424,12 +477,268 @@ def make(args):
         with staged_output(out, RECORD, TOOL, replace=True) as partial, tempfile.TemporaryDirectory() as tmp:
             meta = download(args, runner, Path(tmp), partial)
             meta["data"] = copy_data(args, partial) if args.data else None
+            meta["fairseq_wheel"] = None
             meta = write_manifest(partial, meta)
+            if args.prebuild_python:
+                # built from the folder as it is (its lock, its sdist), then hashed and listed with the rest
+                meta["fairseq_wheel"] = prebuild(args.prebuild_python, partial, Path(tmp))
+                meta = write_manifest(partial, meta)
     except OutputError as e:
         raise Refused(str(e)) from None
     print(f"wheelhouse {out}: {meta['packages']} files, {meta['bytes'] / 1e6:.1f} MB, Python {args.python}, "
           f"platform {meta['platform']}, extras {','.join(args.extras) or '-'}, "
           f"torch {'included' if args.with_torch else 'not included (the target keeps its own)'}")  # fmt: skip
+    wheel = meta["fairseq_wheel"]
+    if wheel:
+        print(f"fairseq: {wheel['file']} ({(out / wheel['file']).stat().st_size / 1e6:.1f} MB) built in "
+              f"{wheel['built_with']['seconds']} s, {built_against(wheel)}; the target installs it where it fits, "
+              "else builds the sdist")  # fmt: skip
+
+
+def build_environment():
+    """The environment of the target's fairseq build (setup_env.sh --wheelhouse under device_check.sh): no
+    index, no pip configuration or cache, no CUDA_HOME (fairseq compiles no CUDA kernels then), MAX_JOBS
+    the cores, none of this machine's compiler settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in BUILD_ENV_DROPPED}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               MAX_JOBS=str(os.cpu_count() or 1))  # fmt: skip
+    return env
+
+
+def no_network():
+    """``unshare -n`` (a network namespace with no interface) where this user may make one, else nothing:
+    then only --no-index keeps the build offline."""
+    if shutil.which("unshare"):
+        probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
+        if probe.returncode == 0:
+            return ["unshare", "-n"]
+    return []
+
+
+def prebuild(image_python, partial, work):
+    """fairseq's wheel, built from ``partial``'s sdist the way ``setup_env.sh --wheelhouse
+    --system-site-packages`` builds it on the target, with ``image_python`` as the target's interpreter: a
+    venv that sees its packages (a .pth naming its site folders, as setup_env.sh writes one), the folder's
+    build lock installed into it, then the fairseq step's command with ``pip wheel`` for ``pip install``
+    (the same PEP 517 build, its wheel kept), against the image's torch and numpy. The record's entry."""
+    env, offline = build_environment(), no_network()
+    # pip's build folder inside ``work``: removed with it, also when a signal stops the build
+    (work / "prebuild-tmp").mkdir()
+    env["TMPDIR"] = str(work / "prebuild-tmp")
+
+    def output(*cmd):
+        got = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
+        if got.returncode:
+            raise SystemExit(f"error: {' '.join(map(str, cmd[:4]))} ... failed: {got.stderr.strip()[-300:]}")
+        return got.stdout
+
+    venv = work / "prebuild-venv"
+    log(f"+ {image_python} -m venv --system-site-packages {venv}")
+    try:
+        output(image_python, "-m", "venv", "--system-site-packages", venv)
+    except SystemExit:  # no ensurepip: the venv runs the image's pip through the .pth, as setup_env.sh does
+        shutil.rmtree(venv, ignore_errors=True)
+        output(image_python, "-m", "venv", "--system-site-packages", "--without-pip", venv)
+    vpy = venv / "bin" / "python"
+    sites = output(image_python, "-c", "import site; print('\\n'.join(site.getsitepackages()))")
+    Path(output(vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip(),
+         "_seed_fairseq_base_site.pth").write_text(sites)  # fmt: skip
+    plan_dir = work / "prebuild-plan"
+    plan_dir.mkdir()
+    from seed_fairseq.base.fileio import STAGING_MARK
+
+    steps = plan(partial, plan_dir, ignore={STAGING_MARK})
+    install = ["install", "--no-index", "--find-links", partial, "--require-hashes", "--no-deps"]
+    pip(vpy, *install, "--only-binary", ":all:", "-r", steps["WH_LOCK_BUILD"], env=env, prefix=offline)
+    facts = json.loads(output(vpy, __file__, "facts"))
+    pin = work / "prebuild-torch-constraint.txt"
+    pin.write_text(f"torch=={facts['torch']}\n")
+    built = work / "prebuilt"
+    start = time.monotonic()
+    pip(vpy, "wheel", "--no-index", "--find-links", partial, "--require-hashes", "--no-deps", "-c", pin,
+        "--no-build-isolation", "--no-binary", ":all:", "-w", built, "-r", steps["WH_LOCK_FAIRSEQ"],
+        env=env, prefix=offline)  # fmt: skip
+    seconds = round(time.monotonic() - start)
+    (wheel,) = built.glob("*.whl")
+    tags = wheel.name[: -len(".whl")].split("-")[-3:]  # python, abi, platform
+    against = {"python": facts["python"], "abi": facts["abi"], "platform": facts["platform"]}
+    if tags != [against["python"], against["abi"], against["platform"]]:
+        raise SystemExit(f"error: {wheel.name}: tagged {'-'.join(tags)}, built by {'-'.join(against.values())}")
+    shutil.copy2(wheel, Path(partial) / wheel.name)
+    compiler = output("sh", "-c", "c++ --version | head -1").strip()
+    return {
+        "file": wheel.name,
+        "sdist": Path(steps["WH_FAIRSEQ"]).name,
+        "built_against": {
+            **against,
+            "torch": facts["torch"],
+            "torch_cxx11_abi": facts["torch_cxx11_abi"],
+            "numpy": facts["numpy"],
+        },
+        "needs": wheel_needs(wheel),
+        "built_with": {
+            "image_python": str(image_python),
+            "interpreter": facts["interpreter"],
+            "cython": facts["cython"],
+            "setuptools": facts["setuptools"],
+            "wheel": facts["wheel"],
+            "compiler": compiler,
+            "glibc": facts["glibc"],
+            "seconds": seconds,
+            "jobs": env["MAX_JOBS"],
+            "network": "none (unshare -n)" if offline else "up, unused (--no-index)",
+            "steps": "setup_env.sh --wheelhouse's: a --system-site-packages venv over the image's python, the "
+            "build lock, then env -u CUDA_HOME pip wheel --no-index --require-hashes --no-deps "
+            "--no-build-isolation --no-binary :all: -r <the fairseq lock>",
+        },
+    }
+
+
+def _version(text):
+    return tuple(int(x) for x in text.split("."))
+
+
+def _highest(data, pattern):
+    found = {m.decode() for m in re.findall(pattern, data)}
+    return max(found, key=_version) if found else None
+
+
+def wheel_needs(wheel):
+    """The newest glibc, GLIBCXX and CXXABI versions any compiled file of ``wheel`` names (the ELF version
+    names it needs; a name found elsewhere in the file can only make this stricter)."""
+    needs = {}
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if ".so" not in name.rsplit("/", 1)[-1]:
+                continue
+            data = z.read(name)
+            for key, _, pattern in LIBRARIES:
+                found = _highest(data, pattern)
+                if found and (key not in needs or _version(found) > _version(needs[key])):
+                    needs[key] = found
+    return needs
+
+
+def interpreter_facts():
+    """What a wheel with compiled extensions depends on, of this interpreter and its process: its CPython
+    ABI tag, platform, torch (``__version__``, local label included, and its C++ ABI), numpy, and the glibc
+    and libstdc++ it runs with (the libstdc++ torch loaded). Also the build tools' versions, for a record."""
+    import importlib.metadata
+    import platform
+    import sysconfig
+
+    version = "%d.%d" % sys.version_info[:2]
+    cpython = sys.implementation.name == "cpython"
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}" if cpython else f"{sys.implementation.name}{version}"
+    facts = {
+        "version": version,
+        "interpreter": platform.python_version(),
+        "python": tag,
+        "abi": tag + (getattr(sys, "abiflags", "") if cpython else ""),
+        "platform": re.sub(r"[-.]", "_", sysconfig.get_platform()),
+        "torch": None,
+        "torch_error": None,
+        "torch_cxx11_abi": None,
+        "numpy": None,
+    }
+    try:
+        facts["glibc"] = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+    except (ValueError, OSError, AttributeError, IndexError):
+        facts["glibc"] = None
+    try:
+        import torch
+
+        facts["torch"] = str(torch.__version__)
+        facts["torch_cxx11_abi"] = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    except Exception as e:  # noqa: BLE001 (any failure to import it is the fact)
+        facts["torch_error"] = f"{type(e).__name__}: {e}"[:200]
+    try:
+        import numpy
+
+        facts["numpy"] = numpy.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    facts["glibcxx"] = facts["cxxabi"] = None
+    libstdcxx = _loaded_libstdcxx()
+    if libstdcxx:
+        data = Path(libstdcxx).read_bytes()
+        facts["glibcxx"], facts["cxxabi"] = (_highest(data, pattern) for key, _, pattern in LIBRARIES[1:])
+    for name in ("cython", "setuptools", "wheel"):
+        try:
+            facts[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            facts[name] = None
+    return facts
+
+
+def _loaded_libstdcxx():
+    """The libstdc++ this process runs with (torch loaded it; else the one the loader finds)."""
+
+    def mapped():
+        try:
+            for line in Path("/proc/self/maps").read_text().splitlines():
+                fields = line.split(None, 5)  # address, perms, offset, device, inode[, path]
+                if len(fields) == 6 and "/libstdc++.so" in fields[5]:
+                    return fields[5].strip()
+        except OSError:
+            pass
+        return None
+
+    if not mapped():
+        try:
+            import ctypes
+
+            ctypes.CDLL("libstdc++.so.6")
+        except OSError:
+            return None
+    return mapped()
+
+
+def built_against(wheel):
+    b = wheel["built_against"]
+    return f"built against torch {b['torch']}, numpy {b['numpy']}, {b['abi']}, {b['platform']}"
+
+
+def fit_problems(wheel, facts):
+    """Why the recorded prebuilt ``wheel`` does not fit the interpreter of ``facts``; empty when it does."""
+    b, problems = wheel["built_against"], []
+    if (facts.get("python"), facts.get("abi")) != (b["python"], b["abi"]):
+        problems.append(f"Python {facts.get('abi')} here, the wheel is {b['abi']}")
+    if facts.get("platform") != b["platform"]:
+        problems.append(f"platform {facts.get('platform')} here, the wheel is {b['platform']}")
+    if facts.get("torch") is None:
+        problems.append(f"no torch here ({facts.get('torch_error')})")
+    elif facts["torch"] != b["torch"]:
+        problems.append(f"torch {facts['torch']} here, the wheel was built against torch {b['torch']}")
+    elif facts.get("torch_cxx11_abi") != b["torch_cxx11_abi"]:
+        abi = (facts.get("torch_cxx11_abi"), b["torch_cxx11_abi"])
+        problems.append(f"torch's C++11 ABI is {abi[0]} here, {abi[1]} in the wheel's build")
+    have, built = (facts.get("numpy") or "none").split(".")[0], b["numpy"].split(".")[0]
+    if have != built:
+        problems.append(f"numpy {facts.get('numpy')} here, the wheel was built against numpy {b['numpy']} (major "
+                        f"{have} vs {built})")  # fmt: skip
+    for key, label, _ in LIBRARIES:
+        need, have = wheel.get("needs", {}).get(key), facts.get(key)
+        if need and (have is None or _version(have) < _version(need)):
+            problems.append(f"{label} {have or 'not found'} here, the wheel needs {need}")
+    return problems
+
+
+def fits(folder):
+    """Exit 0 and print what the wheel was built against when the record's prebuilt fairseq wheel fits this
+    interpreter; else exit 1 and print why, in one line (setup_env.sh then builds the sdist)."""
+    try:
+        wheel = json.loads((Path(folder) / RECORD).read_text()).get("fairseq_wheel")
+        if not wheel:
+            print("the bundle has no prebuilt wheel")
+            return 1
+        problems = fit_problems(wheel, interpreter_facts())
+        text = built_against(wheel)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        print(f"its record cannot be read ({type(e).__name__}: {e})")
+        return 1
+    print("; ".join(problems) if problems else text)
+    return 1 if problems else 0
 
 
 def copy_data(args, partial):
@@ -459,11 +768,18 @@ def _name_version(filename):
 
 
 def check(folder, plan_dir=None):
-    """Refuse a folder that is not a complete, unaltered wheelhouse; print its plan as shell assignments.
+    """Refuse a folder that is not a complete, unaltered wheelhouse; print its plan as shell assignments."""
+    print("\n".join(f"{k}={shlex.quote(v)}" for k, v in plan(folder, plan_dir).items()))
+
+
+def plan(folder, plan_dir=None, ignore=()):
+    """Refuse a folder that is not a complete, unaltered wheelhouse; its plan (the ``WH_*`` values).
 
     Every file must be listed in SHA256SUMS with its digest (an unlisted file is refused: pip could
     prefer it), and the lock must pin exactly those digests.  With ``plan_dir``, the lock's lines of
     each install step (:data:`STEPS`) are written there, for ``pip install --require-hashes -r``.
+    A prebuilt fairseq wheel the record names must be one of those files, of the sdist's name and version.
+    ``ignore``: names at the top that are not the wheelhouse's (a staging folder's mark, :func:`prebuild`).
     The standard library only: it runs with the target's bare ``python3``."""
 
     folder = Path(folder).resolve()
@@ -489,7 +805,7 @@ def check(folder, plan_dir=None):
             for path in sorted(entry.rglob("*")):
                 if (path.is_symlink() or not path.is_dir()) and path.relative_to(folder).as_posix() not in listed:
                     raise Refused(f"{path}: not listed in SHA256SUMS: the bundle's data is what was checked")
-        elif entry.name not in MANIFEST and entry.name not in listed:
+        elif entry.name not in MANIFEST and entry.name not in listed and entry.name not in ignore:
             raise Refused(f"{entry}: not listed in SHA256SUMS: only the wheelhouse's own files may be installed")
     listed = {name: digest for name, digest in listed.items() if "/" not in name}  # the packages
     pinned = {}
@@ -507,6 +823,10 @@ def check(folder, plan_dir=None):
         if not hashes or not hashes <= digests:
             raise Refused(f"{folder / 'requirements.lock'}: {fields[0]} has a hash of no listed file")
     fairseq = _name_version(meta["fairseq"])[0]
+    wheel = (meta.get("fairseq_wheel") or {}).get("file", "")
+    if wheel and (wheel not in listed or not wheel.endswith(".whl")
+                  or _name_version(wheel) != _name_version(meta["fairseq"])):  # fmt: skip
+        raise Refused(f"{meta_path}: names a fairseq wheel {wheel} that is not the listed wheel of {meta['fairseq']}")
     build = {_normal(re.split(r"[<>=!~;\[ ]", b, maxsplit=1)[0]) for b in meta["build"]}
     step_of = {}
     for name in pinned:
@@ -516,6 +836,7 @@ def check(folder, plan_dir=None):
         "WH_PYTHON": meta["python"],
         "WH_TORCH": meta["torch"] or "",
         "WH_FAIRSEQ": str(folder / meta["fairseq"]),
+        "WH_FAIRSEQ_WHEEL": str(folder / wheel) if wheel else "",
         "WH_BUILD": " ".join(meta["build"]),
     }
     if plan_dir is not None:
@@ -525,7 +846,7 @@ def check(folder, plan_dir=None):
             path = plan_dir / f"{step}.lock"
             path.write_text("".join(f"{line}\n" for line in lines))
             plan[f"WH_LOCK_{step.upper()}"] = str(path)
-    print("\n".join(f"{k}={shlex.quote(v)}" for k, v in plan.items()))
+    return plan
 
 
 def main(argv=None):
@@ -535,8 +856,15 @@ def main(argv=None):
             check(*argv[1:])
         elif argv[:1] == ["make"]:
             make(parse_args(argv[1:]))
+        elif argv[:1] == ["fits"] and len(argv) == 2:
+            return fits(argv[1])
+        elif argv == ["facts"]:
+            print(json.dumps(interpreter_facts(), indent=1, sort_keys=True))
         else:
-            raise Refused("usage: wheelhouse.py make [--python X.Y] [--platform TAG] --out DIR | check DIR [PLAN_DIR]")
+            raise Refused(
+                "usage: wheelhouse.py make [--python X.Y] [--platform TAG] --out DIR | check DIR [PLAN_DIR] | fits DIR"
+                " | facts"
+            )
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

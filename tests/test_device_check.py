@@ -21,13 +21,14 @@ from test_faults_gpucheck import DRIVER, FAKE_TRAIN
 from test_gpu_check import OBJECTIVE_NAMES
 
 from seed_fairseq.workflows.gpucheck import kernels, report
-from seed_fairseq.workflows.gpucheck.profile import REFERENCE, REFERENCE_OPTIMIZER, default_optimizer
+from seed_fairseq.workflows.gpucheck.profile import REFERENCE, REFERENCE_OPTIMIZER
+from seed_fairseq.workflows.kit.argv import DEFAULT_OPTIMIZER
 
 SCRIPT = REPO / "scripts" / "device_check.sh"
 BUNDLE_SCRIPT = REPO / "scripts" / "device_bundle.sh"
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 # masked_lm with fairseq's adam, when the default optimizer is another: trained, not compared (same first update)
-REFERENCE_RUNS = [REFERENCE] if default_optimizer() != REFERENCE_OPTIMIZER else []
+REFERENCE_RUNS = [REFERENCE] if DEFAULT_OPTIMIZER != REFERENCE_OPTIMIZER else []
 EXPECTED_CHECKS = (
     ["generator"]
     + [f"{kind} {name}" for name in OBJECTIVE_NAMES for kind in ("train", "bf16 vs fp32")]
@@ -205,7 +206,7 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
         # the reference is masked_lm's model: it starts where masked_lm's search ended
         search = [[8, True]] if name in REFERENCE_RUNS else [[2, True], [4, True], [8, True]]
         assert t["batch"] == 8 and t["search"] == search, name
-        optimizer = REFERENCE_OPTIMIZER if name in REFERENCE_RUNS else default_optimizer()
+        optimizer = REFERENCE_OPTIMIZER if name in REFERENCE_RUNS else DEFAULT_OPTIMIZER
         assert t["optimizer"] == optimizer, name
         # words/s: after the counted update and 1 of warm-up, on 4 (two halves of 2)
         assert t["measured_updates"] == 4 and t["warmup_updates"] == 1 and len(t["words_per_second_halves"]) == 2
@@ -248,7 +249,7 @@ def test_dry_run_passes_every_check_within_the_budget(tmp_path):
         assert sum(c["share"] for c in r["classes"].values()) == pytest.approx(1.0), name
         for key in ("gemm", "attention", "vocabulary", "elementwise", "optimizer", "gradient_norm", "host_gaps"):
             assert r["classes"][key]["share"] > 0, (name, key)
-        optimizer = f"fairseq's {REFERENCE_OPTIMIZER} (reference)" if name in REFERENCE_RUNS else default_optimizer()
+        optimizer = f"fairseq's {REFERENCE_OPTIMIZER} (reference)" if name in REFERENCE_RUNS else DEFAULT_OPTIMIZER
         assert f"| {name} | bf16 | {optimizer} | 2 | " in md, name
         assert f"### {name} bf16 ({optimizer}): the 15 kernels with the most time" in md, name
     log = (out / "gpu_check.log").read_text()

@@ -45,19 +45,20 @@ FAKE_FILES = {
 }
 
 
-def fake_wheelhouse(folder, torch=None, python=HERE, files=FAKE_FILES):
-    """A wheelhouse as make_wheelhouse.sh writes it (record, SHA256SUMS, hashed lock), around small files."""
+def fake_wheelhouse(folder, torch=None, python=HERE, files=FAKE_FILES, **record):
+    """A wheelhouse as make_wheelhouse.sh writes it (record, SHA256SUMS, hashed lock: one line per name and
+    version, every file's hash on it), around small files; ``record``: more of wheelhouse.json."""
     folder.mkdir()
-    sums, lock = [], []
+    sums, pins = [], {}
     for name, content in sorted(files.items()):
         (folder / name).write_bytes(content)
         digest = hashlib.sha256(content).hexdigest()
         sums.append(f"{digest}  {name}\n")
         stem = name[: -len(".tar.gz")] if name.endswith(".tar.gz") else name
         dist, version = stem.split("-")[:2] if name.endswith(".whl") else stem.rsplit("-", 1)
-        lock.append(f"{dist.replace('_', '-').lower()}=={version} --hash=sha256:{digest}\n")
+        pins.setdefault(f"{dist.replace('_', '-').lower()}=={version}", []).append(f"--hash=sha256:{digest}")
     (folder / "SHA256SUMS").write_text("".join(sums))
-    (folder / "requirements.lock").write_text("".join(sorted(lock)))
+    (folder / "requirements.lock").write_text("".join(f"{pin} {' '.join(h)}\n" for pin, h in sorted(pins.items())))
     (folder / "requirements.txt").write_text("tqdm\n")
     meta = {
         "python": python,
@@ -65,6 +66,7 @@ def fake_wheelhouse(folder, torch=None, python=HERE, files=FAKE_FILES):
         "fairseq": "fairseq_fixed-0.12.3.1.tar.gz",
         "build": ["setuptools>=64", "wheel"],
         "files": [*sorted(files), "SHA256SUMS", "requirements.lock", "requirements.txt", "wheelhouse.json"],
+        **record,
     }
     (folder / "wheelhouse.json").write_text(json.dumps(meta))
     return folder
@@ -156,8 +158,9 @@ def test_setup_env_keeps_the_installed_torch_even_when_the_wheelhouse_has_one(tm
     assert installs[2].startswith("env -u CUDA_HOME ")  # no nvcc for kernels text training never uses
     assert installs[2].endswith("fairseq.lock") and "--no-build-isolation" in installs[2]
     # the plugin: no wheelhouse file can come in (no --find-links)
-    assert "--find-links" not in installs[3] and installs[3].endswith("--no-deps --no-build-isolation "
-                                                                      f"-c {venv}/torch-constraint.txt -e .")
+    assert "--find-links" not in installs[3] and installs[3].endswith(
+        f"--no-deps --no-build-isolation -c {venv}/torch-constraint.txt -e ."
+    )
 
 
 def test_setup_env_installs_the_wheelhouse_torch_only_where_none_is_importable(tmp_path):
