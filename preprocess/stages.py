@@ -277,8 +277,11 @@ class UndeclaredInput(RuntimeError):
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON (dataclasses as dicts, paths as strings) for a fingerprint;
+    """``value`` as plain JSON (dataclasses as dicts, paths as strings, a value that says what
+    identifies it -- ``fingerprint_identity()``, an objective's name -- as that) for a fingerprint;
     TypeError for anything else (it could not be compared between runs)."""
+    if hasattr(value, "fingerprint_identity") and not isinstance(value, type):
+        return jsonable(value.fingerprint_identity())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Path):

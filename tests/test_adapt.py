@@ -22,7 +22,7 @@ from hf_models import save_sentence_model
 
 from seed_fairseq.workflows.adapt import cli
 from seed_fairseq.workflows.adapt.pipeline import Adaptation
-from seed_fairseq.workflows.kit.layout import corpus_documents
+from seed_fairseq.workflows.kit.corpus import corpus_documents
 
 ADAPT = REPO / "examples" / "adapt.py"
 # a handful of updates: 2 validations (and the starting model's score), 1 update with the encoder frozen

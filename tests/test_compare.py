@@ -133,9 +133,10 @@ def test_every_objective_gets_the_same_encoder_and_schedule():
     for name, args in runs.items():
         for flag in SHARED_FLAGS:
             assert _value(args, flag) == _value(runs["mlm"], flag), (name, flag)
-        # texts per update x views = the same sequences through the encoder
-        views = 2 if name == "cpdae" else 1
+        # texts per update x views = the same sequences through the encoder (CPDAE's two views: half the texts)
+        views = round(1 / OBJECTIVES[name].texts_per_update_factor)
         assert int(_value(args, "--batch-size")) * views == 8, name
+    assert _value(runs["cpdae"], "--batch-size") == "4"
     assert _value(runs["simlm"], "--generator-path") == "gen.pt"
     assert "--generator-path" not in runs["seed"]
     assert _value(runs["full"], "--decoder-attention-window") == "full"
@@ -146,7 +147,7 @@ def test_every_objective_gets_the_same_encoder_and_schedule():
 
 def test_flops_stage_does_not_depend_on_the_schedule_length():
     """A new --updates (or warm-up) keeps the counted FLOPs per update: the stage is not redone."""
-    from seed_fairseq.workflows.kit.objectives import per_update_args
+    from seed_fairseq.workflows.compare.objectives import per_update_args
 
     short, long = (
         per_update_args(objective_args(OBJECTIVES["seed"], replace(_settings(), updates=u, warmup=u // 10), 1))

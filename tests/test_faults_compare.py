@@ -31,9 +31,10 @@ from objectives import TINY_ENCODER
 from seed_fairseq.base.derived_set import split_sentences
 from seed_fairseq.workflows.compare import cli
 from seed_fairseq.workflows.compare.pipeline import Comparison
+from seed_fairseq.workflows.compare.plan import COMPARISON
+from seed_fairseq.workflows.kit.folder import StageError
 from seed_fairseq.workflows.kit.heldout import count_blocks, first_batch_blocks
 from seed_fairseq.workflows.kit.interrupt import GRACE_SECONDS
-from seed_fairseq.workflows.kit.layout import COMPARISON, StageError
 
 TINY_ENC = " ".join(TINY_ENCODER)
 TINY = [

@@ -246,7 +246,7 @@ def test_comparison_init_pretrains_every_objective(imported, tmp_path):
     from seed_fairseq.pretrain.checkpoint import load_torch_file
     from seed_fairseq.workflows.compare.cli import build_plan, parser
     from seed_fairseq.workflows.compare.pipeline import Comparison
-    from seed_fairseq.workflows.kit.layout import STATE
+    from seed_fairseq.workflows.kit.folder import STATE
     from seed_fairseq.workflows.kit.objectives import ORDER
 
     argv = ["--out", str(tmp_path / "cmp"), "--corpus", str(DEMO_CORPUS), "--init", str(imported["bert"][0])]

@@ -170,7 +170,7 @@ def test_the_checks_catch_a_cycle_an_upward_and_a_sideways_import():
         "preprocess.build": {"seed_fairseq.pretrain.tasks.registry", "seed_fairseq.base.errors"},  # across, down
         "seed_fairseq.plugin": {"seed_fairseq.pretrain.tasks"},  # down
         "seed_fairseq.pretrain.models.retromae": {"seed_fairseq.encoders.dupmae.head"},  # up
-        "seed_fairseq.workflows.adapt.cli": {"seed_fairseq.workflows.compare.cli", "seed_fairseq.workflows.kit.layout"},
+        "seed_fairseq.workflows.adapt.cli": {"seed_fairseq.workflows.compare.cli", "seed_fairseq.workflows.kit.corpus"},
         "seed_fairseq.workflows.kit.tools": {"seed_fairseq.workflows.measure.flops"},  # across
         "seed_fairseq.encoders.hf.export": {"seed_fairseq", "seed_fairseq.encoders.retrieval.search"},  # down, within
     }

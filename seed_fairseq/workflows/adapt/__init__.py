@@ -7,8 +7,8 @@ with the objective (the heads the model lacks trained alone first), keeps the ch
 retrieves best on a held-out set, exports it to HuggingFace and writes a before/after
 report of retrieval (docs/adapt.md).  Imports without fairseq: the stages that need
 it load it when they run.  Built on what the workflows share (``seed_fairseq.workflows.kit``:
-the objective table, the held-out validation, the tools a stage starts, the interrupt
-handling), the stage runner of ``preprocess.stages`` and the retrieval and HF encoders.  Modules:
+the objective table, the shared stages, the held-out validation, the tools a stage starts, the
+interrupt handling), the stage runner of ``preprocess.stages`` and the retrieval and HF encoders.  Modules:
 
 * ``plan``      the resolved plan, its defaults (with their reasons) and the folders of ``--out``
 * ``training``  fairseq-train's arguments, and which checkpoint becomes the adapted model

@@ -18,9 +18,6 @@ resumes; a rerun after a change redoes only what depends on it (docs/adapt.md).
 """
 
 import argparse
-import shlex
-import signal
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -29,21 +26,20 @@ from ...base.fileio import OutputError, check_apart, check_out_path
 from ...base.retrieval_data import DataFormatError, has_split, load_data
 from ...encoders.hf.folder import HFFolderError
 from ...encoders.hf.sentence import read_folder
-from ...encoders.retrieval.cli import nonneg_int, positive_float, positive_int, report, seed_int
+from ...encoders.retrieval.cli import nonneg_int, positive_float, positive_int, seed_int
 from ...encoders.retrieval.config import add_config_args, config_from_args
 from ...encoders.retrieval.metrics import check_depth
-from ..kit.checks import check_gpu, check_model_folder, glue_option_values, init_positions
-from ..kit.command import FINETUNE_FLAGS, FINETUNE_TYPES, quiet_libraries, read_corpus, report_stage_error
-from ..kit.heldout import blocks_needed, plan_valid_docs
-from ..kit.interrupt import Interrupted, handle_interrupts
-from ..kit.layout import write_retrieval_set
-from ..kit.objectives import ORDER, PretrainSettings, check_fairseq_args, parse_objective
+from ..kit.checks import check_gpu, check_model_folder, init_positions
+from ..kit.command import FINETUNE_FLAGS, FINETUNE_TYPES, run_command
+from ..kit.corpus import read_corpus, write_retrieval_set
+from ..kit.heldout import plan_held_out
+from ..kit.objectives import OBJECTIVES, ORDER, ObjectiveSpec, PretrainSettings, check_fairseq_args
 from . import plan as defaults
 from .pipeline import Adaptation
 from .plan import ADAPTATION, AdaptPlan, default_heldout, heldout_split
 from .report import METRICS
 
-VALID_DOCS = 4  # documents held out of the pre-training text for validation, at least (compare/heldout.py)
+VALID_DOCS = 4  # documents held out of the pre-training text for validation, at least (kit/heldout.py)
 # flags whose value is a list of fairseq-train options (``--fairseq-args "--fp16"``, as the docs write it)
 OPTION_LISTS = ("--fairseq-args",)
 
@@ -131,6 +127,19 @@ def add_options(p: argparse.ArgumentParser, add_objective: Callable[[argparse.Ar
                    "--updates / 2)")  # fmt: skip
     g = p.add_argument_group("fine-tuning with --train-queries (identical for both models)")
     add_config_args(g, FINETUNE_FLAGS, types=FINETUNE_TYPES)
+
+
+def parse_objective(text: str) -> ObjectiveSpec:
+    """--objective: one objective's name -> its spec (its description in it); ValueError names what is
+    wrong: none, several, an unknown name."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--objective: none given; choose from {','.join(ORDER)}")
+    if len(names) > 1:
+        raise ValueError("--objective: one objective (examples/compare_objectives.py compares several)")
+    if names[0] not in OBJECTIVES:
+        raise ValueError(f"--objective: unknown {names[0]}; choose from {','.join(OBJECTIVES)}")
+    return OBJECTIVES[names[0]]
 
 
 def _folder(value: Optional[str], flag: str) -> Optional[Path]:
@@ -242,38 +251,30 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
     cfg = config_from_args(args, FINETUNE_FLAGS, show_progress=False)
     cfg.validate()
     validate_every = args.validate_every or max(1, args.updates // defaults.VALIDATIONS)
-    settings = PretrainSettings(
+    settings = PretrainSettings.from_args(
+        args,
         encoder_args=[],  # the import's model_args.txt, read when the stage runs
         tokens_per_sample=tps,
-        batch_size=args.batch_size,
         update_freq=1,
-        updates=args.updates,
         warmup=warmup,
-        lr=args.lr,
         validate_every=validate_every,
-        probe_size=args.probe_size,
-        fairseq_args=shlex.split(args.fairseq_args),
-        gpu=args.gpu,
         save_every=validate_every,
     )
-    valid_blocks = blocks_needed([settings.batch_for(spec)], args.probe_size, settings.fairseq_args)
-    valid_docs, max_valid_docs = plan_valid_docs(corpus, docs, valid_blocks, tps, VALID_DOCS)
+    held_out = plan_held_out(corpus, docs, [settings.batch_for(spec)], settings, VALID_DOCS)
     # weights, tokenizer and vocabulary of the model the import stage will read (headers only)
     check_model_folder(model, "--model")
     plan = AdaptPlan(
-        out=Path(args.out).resolve(),
+        **AdaptPlan.as_flagged(args, argv, prog),
+        **held_out,
         model=model,
         corpus=corpus,
-        objective=spec.name,
+        objective=spec,
         seed=args.seed,
         retrieval_dev=retrieval_dev,
         train_queries=train_queries,
         test_split=test_split,
         heldout_docs=heldout,
         pretrain=settings,
-        valid_docs=valid_docs,
-        valid_blocks=valid_blocks,
-        max_valid_docs=max_valid_docs,
         freeze_updates=args.freeze_encoder_updates,
         encoder_warmup_updates=args.encoder_warmup_updates,
         encoder_lr_scale=args.encoder_lr_scale,
@@ -283,11 +284,6 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str) -> AdaptPla
         generator_updates=args.generator_updates or max(1, round(defaults.GENERATOR_SHARE * args.updates)),
         finetune=cfg,
         max_seq_length=max_seq,
-        k=args.k,
-        resamples=args.resamples,
-        threads=args.threads,
-        command=shlex.join(["python", prog, *argv]),
-        settings=dict(vars(args)),
     )
     check_fairseq_args(settings.fairseq_args, Adaptation(plan).pretrain_args(planned=True))
     return plan
@@ -310,53 +306,11 @@ def _check_encoder_schedule(args: argparse.Namespace) -> None:
 
 def main(argv: Optional[List[str]] = None, prog: str = "examples/adapt.py") -> int:
     """The command: the report, ``error:`` and exit 2, or, on SIGINT/SIGTERM/SIGHUP, every child
-    stopped and 128 + the signal number (compare/interrupt.py)."""
-    return command(argv, prog, parser, build_plan, _run)
+    stopped and 128 + the signal number (kit/interrupt.py)."""
+    return run_command(argv, prog, parser, OPTION_LISTS, build_plan, _run)
 
 
-def _run(plan: AdaptPlan) -> Path:
-    # everything that can be refused was checked before --out is created or touched
-    ADAPTATION.claim(plan.out)
-    ADAPTATION.lock(plan.out)
+def _run(plan: AdaptPlan) -> str:
+    ADAPTATION.take(plan.out)
     Adaptation(plan).run()
-    return plan.out
-
-
-def command(
-    argv: Optional[List[str]],
-    prog: str,
-    make_parser: Callable[[], argparse.ArgumentParser],
-    build: Callable[[argparse.Namespace, List[str], str], Any],
-    run: Callable[[Any], Path],
-) -> int:
-    """A command of this wing (adapt.py, adaptation_study.py): ``build`` the plan from the flags
-    (refusals: ``error:`` and exit 2, before anything is written), ``run`` it, print its report.md;
-    on SIGINT/SIGTERM/SIGHUP every child stopped and 128 + the signal number."""
-    with handle_interrupts():
-        try:
-            return _command(list(sys.argv[1:] if argv is None else argv), prog, make_parser, build, run)
-        except Interrupted as e:
-            print(f"interrupted ({signal.Signals(e.signum).name}); rerun the same command to resume", file=sys.stderr)
-            return e.exit_code
-
-
-def _command(argv: List[str], prog: str, make_parser, build, run) -> int:
-    args = make_parser().parse_args(glue_option_values(argv, OPTION_LISTS))
-    quiet_libraries()
-    try:
-        plan = build(args, argv, prog)
-    except (ValueError, OutputError) as e:  # DataFormatError is a ValueError
-        return report(e)
-    if not args.gpu:  # fine-tuning and encoding in this process: as --flush-denormal in pre-training
-        import torch
-
-        torch.set_flush_denormal(True)
-    try:
-        out = run(plan)
-    except Exception as e:
-        code = report_stage_error(e)
-        if code is None:
-            raise
-        return code
-    print((out / "report.md").read_text(encoding="utf-8"))
-    return 0
+    return (plan.out / "report.md").read_text(encoding="utf-8")

@@ -11,25 +11,24 @@ OUT/generator/          SimLM's generator, when the model has no MLM head of its
 OUT/pretrain/           fairseq-train's save-dir and train.log
 OUT/model/              THE ADAPTED MODEL: the best checkpoint, exported to HuggingFace
 OUT/roundtrip/          the import exported unchanged, compared with --model (the reference,
-                        evaluated as it is: compare/roundtrip.py)
+                        evaluated as it is: kit/roundtrip.py)
 OUT/bm25/  OUT/eval/<stage>/     the runs of every evaluated model
 OUT/report.md  report.json  report.png
 """
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...encoders.retrieval.config import FinetuneConfig
 from ..kit.folder import ToolFolder, tool_log
-from ..kit.objectives import PretrainSettings
+from ..kit.objectives import ObjectiveSpec
+from ..kit.pipeline import Pipeline, RunPlan
 
 TOOL = "seed_fairseq.adapt"
 RECORD = "adapt.json"
 ADAPTATION = ToolFolder(TOOL, RECORD, "the adaptation (examples/adapt.py)", "adaptation")
-STATE = ".stages"
 
 # ---------------------------------------------------------------------------
 # defaults, each with its reason (docs/adapt.md repeats them for users)
@@ -80,60 +79,30 @@ log = tool_log("adapt")
 
 
 @dataclass
-class AdaptPlan:
-    """Everything one run does, resolved from the flags and the defaults."""
+class AdaptPlan(RunPlan):
+    """Everything one run does, resolved from the flags and the defaults (``pretrain.encoder_args`` is
+    empty: the import's model_args.txt is read when the stage runs)."""
 
-    out: Path
     model: Path
-    corpus: Path
-    objective: str  # the comparison's name of the objective (seed, mlm, retromae, ...)
+    objective: ObjectiveSpec  # as parsed from --objective (a stage's fingerprint holds its name)
     seed: int
     retrieval_dev: Optional[Path]  # a labelled BEIR / MS MARCO folder, else the set is derived
     train_queries: Optional[Path]  # a BEIR / MS MARCO folder with a train split: both models fine-tuned
-    test_split: str  # the split the report evaluates on
     heldout_docs: int  # documents held out for the derived set (0 with --retrieval-dev)
-    pretrain: PretrainSettings  # encoder_args: the import's model_args.txt, read when the stage runs
-    valid_docs: int  # held out of the pre-training text for validation, at least (compare/heldout.py)
-    valid_blocks: int
-    max_valid_docs: int
     freeze_updates: Optional[int]  # None: chosen from the heads the import lacks
     encoder_warmup_updates: int
     encoder_lr_scale: float
     layer_lr_decay: float
     best_metric: str
     dev_in_training: bool  # the task scores the dev set at every validation (--retrieval-dev)
-    generator_updates: int
-    finetune: FinetuneConfig
-    max_seq_length: int
-    k: int
-    resamples: int
-    threads: int
-    command: str
-    settings: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def derived(self) -> bool:
         return self.retrieval_dev is None
 
-    @property
-    def device(self) -> str:
-        return "cuda" if self.pretrain.gpu else "cpu"
 
-
-class Paths:
-    """The folders of one plan's run."""
-
-    def __init__(self, plan: AdaptPlan):
-        self.plan = plan
-        self.out = plan.out
-
-    @property
-    def imported(self) -> Path:
-        return self.out / "import"
-
-    @property
-    def data_bin(self) -> Path:
-        return self.out / "data-bin"
+class Paths(Pipeline):
+    """The folders of one plan's run (the shared stages': ``kit.pipeline``)."""
 
     @property
     def pretrain_dir(self) -> Path:
@@ -142,15 +111,6 @@ class Paths:
     @property
     def model_dir(self) -> Path:
         return self.out / "model"
-
-    @property
-    def roundtrip_dir(self) -> Path:
-        return self.out / "roundtrip"
-
-    @property
-    def eval_set(self) -> Path:
-        """The retrieval set the report evaluates on (and, with --retrieval-dev, the checkpoint is chosen on)."""
-        return self.plan.retrieval_dev or self.out / "retrieval"
 
     @property
     def train_set(self) -> Optional[Path]:

@@ -2,7 +2,7 @@
 
 The original model is ``--model`` as the user gave it, scored and fine-tuned as the adapted
 one; the report's first sentence says when the import -> export round trip does not give it
-back exactly (``compare/roundtrip.py``: then the adapted model started from something else).
+back exactly (``kit/roundtrip.py``: then the adapted model started from something else).
 
 Every number is computed from the runs the stages left (TREC files) and the judged
 queries of the report's split.  Each row is compared with a reference row by the
@@ -47,7 +47,7 @@ def _rows(ad) -> List[Dict[str, Any]]:
 
 def collect(ad, results: Dict[str, Any]) -> Dict[str, Any]:
     p = ad.plan
-    test = load_data(ad.eval_set, p.test_split)
+    test = load_data(ad.retrieval_dir, p.test_split)
     rows = _rows(ad)
     values = {r["key"]: per_query(test.qrels, read_trec_run(r["run"]), METRICS) for r in rows}
     models = {}
@@ -67,7 +67,7 @@ def collect(ad, results: Dict[str, Any]) -> Dict[str, Any]:
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "model": str(p.model),
         "corpus": str(p.corpus),
-        "objective": p.objective,
+        "objective": p.objective.name,
         "settings": p.settings,
         "pretrain": {
             "updates": p.pretrain.updates,

@@ -26,16 +26,17 @@ original's by the paired permutation test.
 import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from preprocess.stages import WHOLE_PLAN, Runner, Stage
+from preprocess.stages import WHOLE_PLAN, Stage
 
+from ..kit.command import run_command
 from ..kit.folder import ToolFolder
-from ..kit.layout import FAIRSEQ_TRAIN_FILES, OWN_RECORD, check_stage_folders
 from ..kit.objectives import OBJECTIVES, ORDER, check_fairseq_args, parse_objectives
+from ..kit.pipeline import timed
 from . import plan as defaults
-from .pipeline import EVALUATION, FINETUNING, Adaptation, _timed
-from .plan import REPORT_FILES, RUN_FILES, STATE, AdaptPlan, log
+from .pipeline import Adaptation
+from .plan import REPORT_FILES, AdaptPlan, log
 
 TOOL = "seed_fairseq.adapt.study"
 RECORD = "adaptation_study.json"
@@ -56,11 +57,21 @@ ARMS = {
     a.name: a
     for a in (
         Arm("none", False, 1.0, "every parameter trained from the first update at the same learning rate"),
-        Arm("warmup", True, 1.0, "the new heads trained alone first, then the encoder joins with its own "
-            "linear warm-up, at the heads' learning rate"),  # fmt: skip
-        Arm("safeguarded", True, defaults.ENCODER_LR_SCALE, "adapt.py's defaults: the new heads trained alone "
+        Arm(
+            "warmup",
+            True,
+            1.0,
+            "the new heads trained alone first, then the encoder joins with its own "
+            "linear warm-up, at the heads' learning rate",
+        ),  # fmt: skip
+        Arm(
+            "safeguarded",
+            True,
+            defaults.ENCODER_LR_SCALE,
+            "adapt.py's defaults: the new heads trained alone "
             "first, then the encoder joins with its own linear warm-up, at "
-            f"{defaults.ENCODER_LR_SCALE} x the heads' learning rate"),  # fmt: skip
+            f"{defaults.ENCODER_LR_SCALE} x the heads' learning rate",
+        ),  # fmt: skip
     )
 }
 DEFAULT_ARMS = ("none", "safeguarded")
@@ -92,14 +103,19 @@ class Cell(Adaptation):
 
     @property
     def train_set(self) -> Path:
-        return self.eval_set  # the derived set's train split: its documents are not the test split's
+        return self.retrieval_dir  # the derived set's train split: its documents are not the test split's
 
     def selection_args(self) -> List[str]:
         return []  # no validation: the last checkpoint is the cell's model
 
     def stage_export(self, results) -> dict:
         last = self.pretrain_dir / "checkpoint_last.pt"
-        return _timed(lambda: {"checkpoint": str(last), **self._export(last, self.data_bin, self.model_dir)})
+
+        def body():
+            self.export(last, self.data_bin, self.model_dir, "own")
+            return {"checkpoint": str(last)}
+
+        return timed(body)
 
 
 def study_plans(
@@ -112,7 +128,7 @@ def study_plans(
             for objective in objectives:
                 plan = replace(
                     base,
-                    objective=objective,
+                    objective=OBJECTIVES[objective],
                     seed=seed,
                     freeze_updates=None if arm.freeze else 0,
                     encoder_warmup_updates=-1,
@@ -124,6 +140,8 @@ def study_plans(
 class Study(Adaptation):
     """The shared stages (``Adaptation``'s, without checkpoint selection), then every cell's."""
 
+    WHAT = "the adaptation study"
+
     def __init__(self, plan: AdaptPlan, objectives: Sequence[str], arms: Sequence[str], seeds: Sequence[int]):
         super().__init__(plan)
         self.objectives, self.arms, self.seeds = list(objectives), list(arms), list(seeds)
@@ -132,42 +150,31 @@ class Study(Adaptation):
             name: Cell(cp, self.out / "cells" / name) for name, cp in study_plans(plan, objectives, arms, seeds)
         }
         # the original model fine-tuned with each seed: the reference row after fine-tuning
-        self.originals: Dict[int, Cell] = {
-            s: _OriginalSeed(replace(plan, seed=s), self.out, s) for s in self.seeds
-        }
+        self.originals: Dict[int, Cell] = {s: _OriginalSeed(replace(plan, seed=s), self.out, s) for s in self.seeds}
 
     def stages(self) -> List[Stage]:
-        shared = ("import", "split", "retrieval", "data", "roundtrip", "bm25", "zeroshot-original")
-        st = [s for s in super().stages() if s.name in shared]
-        if any(OBJECTIVES[o].needs_generator for o in self.objectives):
-            gen = Adaptation(replace(self.plan, objective=next(o for o in self.objectives
-                                                              if OBJECTIVES[o].needs_generator)))  # fmt: skip
-            st.insert(
-                st.index(next(s for s in st if s.name == "data")) + 1,
-                gen.stage("generator", gen.stage_generator, ("pretrain", "generator_updates", "seed"),
-                          reads=("import", "data"), folder="generator", writes=FAIRSEQ_TRAIN_FILES),
-            )  # fmt: skip
+        needs_generator = any(OBJECTIVES[o].needs_generator for o in self.objectives)
+        st = [*self.preparation(needs_generator), self.roundtrip_stage(), self.bm25_stage(),
+              self.run_stage("zeroshot", "original", "zeroshot-original", "eval/zeroshot-original")]  # fmt: skip
         for s, orig in self.originals.items():
-            st.append(orig.stage(f"finetune-original-s{s}", orig.stage_finetune, (*FINETUNING, "model"),
-                                 params={"who": "original"}, reads=("retrieval",),
-                                 folder=f"eval/finetune-original-s{s}", writes=RUN_FILES))  # fmt: skip
+            st.append(orig.run_stage("finetune", "original", f"finetune-original-s{s}", f"eval/finetune-original-s{s}"))
         cell_names = []
         for name, cell in self.cells.items():
-            reads = ("import", "data", "generator") if cell.spec.needs_generator else ("import", "data")
-            folder = f"cells/{name}"
+            folder, export = f"cells/{name}", f"export-{name}"
             st += [
-                cell.stage(f"pretrain-{name}", cell.stage_pretrain, cell.pretrain_fields(), reads=reads,
-                           folder=f"{folder}/pretrain", writes=(*FAIRSEQ_TRAIN_FILES, "attempts.json")),
-                cell.stage(f"export-{name}", cell.stage_export, reads=(f"pretrain-{name}",), folder=f"{folder}/model",
-                           writes=OWN_RECORD),
-                cell.stage(f"zeroshot-{name}", cell.stage_zeroshot, EVALUATION, params={"who": "adapted"},
-                           reads=(f"export-{name}", "retrieval"), folder=f"{folder}/eval/zeroshot", writes=RUN_FILES),
-                cell.stage(f"finetune-{name}", cell.stage_finetune, FINETUNING, params={"who": "adapted"},
-                           reads=(f"export-{name}", "retrieval"), folder=f"{folder}/eval/finetune", writes=RUN_FILES),
-            ]  # fmt: skip
+                cell.pretrain_stage(f"pretrain-{name}", f"{folder}/pretrain"),
+                cell.export_stage(export, f"pretrain-{name}", f"{folder}/model"),
+                cell.run_stage("zeroshot", "adapted", f"zeroshot-{name}", f"{folder}/eval/zeroshot", export=export),
+                cell.run_stage("finetune", "adapted", f"finetune-{name}", f"{folder}/eval/finetune", export=export),
+            ]
             cell_names += [f"zeroshot-{name}", f"finetune-{name}"]
-        reads = ("roundtrip", "bm25", "zeroshot-original", *(f"finetune-original-s{s}" for s in self.seeds),
-                 *cell_names)
+        reads = (
+            "roundtrip",
+            "bm25",
+            "zeroshot-original",
+            *(f"finetune-original-s{s}" for s in self.seeds),
+            *cell_names,
+        )
         # the report states the whole plan (its command, its settings)
         st.append(self.stage("report", self.stage_report, (WHOLE_PLAN,), reads=reads, products=REPORT_FILES))
         return st
@@ -175,16 +182,7 @@ class Study(Adaptation):
     def stage_report(self, results) -> dict:
         from .study_report import write_study_report
 
-        return _timed(lambda: {"files": write_study_report(self, results)})
-
-    def run(self) -> Dict[str, Any]:
-        runner = Runner(self.out, [self._announced(s) for s in self.stages()], self.external(),
-                        state_dir=self.out / STATE)  # fmt: skip
-        check_stage_folders(self.out, runner, "the adaptation study")
-        results = runner.run()  # a product the user removed (a report, a cell's model) is made again
-        if not self.ran:
-            log("every stage was already done with these options and inputs: nothing to do")
-        return results
+        return timed(lambda: {"files": write_study_report(self, results)})
 
 
 class _OriginalSeed(Cell):
@@ -250,22 +248,22 @@ def build(args: argparse.Namespace, argv: List[str], prog: str) -> Tuple[AdaptPl
     settings = replace(plan.pretrain, validate_every=0, probe_size=0, save_every=plan.pretrain.updates)
     plan = replace(plan, pretrain=settings, dev_in_training=False, train_queries=None, best_metric="")
     for objective in objectives[1:]:  # build_plan checked the first one's
-        check_fairseq_args(settings.fairseq_args, Adaptation(replace(plan, objective=objective)).pretrain_args(True))
+        planned = Adaptation(replace(plan, objective=OBJECTIVES[objective])).pretrain_args(True)
+        check_fairseq_args(settings.fairseq_args, planned)
     return plan, objectives, arms, seeds
 
 
 def main(argv: Optional[List[str]] = None, prog: str = "examples/adaptation_study.py") -> int:
-    """The command, as adapt.py's (``cli.command``)."""
-    from .cli import command
+    """The command, as adapt.py's (``kit.command.run_command``)."""
+    from .cli import OPTION_LISTS
 
-    return command(argv, prog, parser, build, _run)
+    return run_command(argv, prog, parser, OPTION_LISTS, build, _run)
 
 
-def _run(built: Tuple[AdaptPlan, List[str], List[str], List[int]]) -> Path:
+def _run(built: Tuple[AdaptPlan, List[str], List[str], List[int]]) -> str:
     plan, objectives, arms, seeds = built
-    STUDY.claim(plan.out)
-    STUDY.lock(plan.out)
+    STUDY.take(plan.out)
     study = Study(plan, objectives, arms, seeds)
     log(f"{len(study.cells)} cells: {len(objectives)} objectives x {len(arms)} arms x {len(seeds)} seeds")
     study.run()
-    return plan.out
+    return (plan.out / "report.md").read_text(encoding="utf-8")

@@ -34,7 +34,7 @@ def _values(study, qrels, path: Path) -> Dict[str, Dict[str, float]]:
 
 def collect(study, results: Dict[str, Any]) -> Dict[str, Any]:
     p = study.plan
-    test = load_data(study.eval_set, p.test_split)
+    test = load_data(study.retrieval_dir, p.test_split)
     qrels = test.qrels
     original = _values(study, qrels, study.eval_dir("zeroshot-original") / "run.trec")
     original_ft = [_values(study, qrels, o.eval_dir("finetune-original") / "run.trec")
@@ -59,7 +59,7 @@ def collect(study, results: Dict[str, Any]) -> Dict[str, Any]:
     finetuned = {"original": row(original_ft, original, "no continued pre-training")}
     for arm in study.arms:
         for objective in study.objectives:
-            names = [n for n, c in study.cells.items() if c.plan.objective == objective and f"-{arm}-s" in n]
+            names = [n for n, c in study.cells.items() if c.plan.objective.name == objective and f"-{arm}-s" in n]
             zs = [_values(study, qrels, study.cells[n].eval_dir("zeroshot") / "run.trec") for n in names]
             ft = [_values(study, qrels, study.cells[n].eval_dir("finetune") / "run.trec") for n in names]
             key = f"{objective}/{arm}"

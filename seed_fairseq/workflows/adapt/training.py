@@ -1,6 +1,6 @@
 """What fairseq-train gets from the plan and the import, and which of its checkpoints the adapted model is.
 
-The objective's arguments are the comparison's (``compare.objectives.objective_args``:
+The objective's arguments are every workflow's (``kit.objectives.objective_args``:
 the same task, criterion, arch and schedule options), with the import's
 ``model_args.txt`` after ``--arch``, the import as ``--finetune-from-model``, the
 encoder's own schedule while the heads the model lacks catch up
@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..kit.layout import StageError
+from ..kit.folder import StageError
 from ..kit.logs import read_valid
-from ..kit.objectives import OBJECTIVES, ObjectiveSpec, generator_args, objective_args
+from ..kit.objectives import ObjectiveSpec, generator_args, objective_args
 from .plan import FREEZE_SHARE, Paths
 
 
@@ -24,7 +24,7 @@ class Training(Paths):
 
     @property
     def spec(self) -> ObjectiveSpec:
-        return OBJECTIVES[self.plan.objective]
+        return self.plan.objective
 
     def model_args(self) -> List[str]:
         """The import's ``model_args.txt``: its encoder's sizes, after the objective's ``--arch``."""
@@ -60,7 +60,7 @@ class Training(Paths):
     def selection_args(self) -> List[str]:
         """Validation scores the dev set (or the probe) and fairseq keeps the best checkpoint by it."""
         p = self.plan
-        dev = ["--retrieval-dev", str(self.eval_set), "--retrieval-dev-split", "dev"] if p.dev_in_training else []
+        dev = ["--retrieval-dev", str(self.retrieval_dir), "--retrieval-dev-split", "dev"] if p.dev_in_training else []
         return [*dev, "--best-checkpoint-metric", p.best_metric, "--maximize-best-checkpoint-metric"]
 
     def generator_checkpoint(self) -> Path:
@@ -69,7 +69,7 @@ class Training(Paths):
         from ...encoders.hf.import_ import CHECKPOINT
 
         if self.import_record().get("mlm_head") == "fresh":
-            return self.out / "generator" / "checkpoint_last.pt"
+            return self.generator_dir / "checkpoint_last.pt"
         return self.imported / CHECKPOINT
 
     def warm_start(self) -> List[str]:

@@ -4,11 +4,14 @@ Imports without fairseq: the stages that need it (fairseq-train, the FLOPs count
 import and export) load it when they run.
 
 The command is ``examples/compare_objectives.py`` (``examples/reproduce_small.py``
-is the same command under its old name).  Its own modules (the objective table, the plan and
-the folders of ``--out``, the held-out set, statistics and logs are the workflows' ``kit``; the
-FLOPs count is ``measure.flops``):
+is the same command under its old name).  Its own modules (the objective table and its
+fairseq-train arguments, the shared stages, the held-out set, statistics and logs are the
+workflows' ``kit``; the FLOPs count is ``measure.flops``):
 
 * ``presets``     the quick and standard presets
+* ``plan``        the resolved plan, its record and the folders of ``--out``
+* ``objectives``  the rows it evaluates, its baseline, the settings one update's FLOPs are counted with
+* ``checks``      what it refuses before anything runs (positions, the retrieval splits)
 * ``pipeline``    the resumable stages (``preprocess.stages.Runner``) in one ``--out`` folder
 * ``evaluation``  one model's [CLS] cosine, zero-shot and few-shot fine-tuned runs
 * ``plots``       the PNG figures

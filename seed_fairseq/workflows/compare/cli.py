@@ -13,28 +13,21 @@ identically on 10/30/100% of the training queries, and writes results.md
 
 import argparse
 import shlex
-import signal
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 from ...base.fileio import OutputError, check_apart, check_out_path
-from ...encoders.retrieval.cli import nonneg_int, positive_int, report, seed_int
+from ...encoders.retrieval.cli import nonneg_int, positive_int, seed_int
 from ...encoders.retrieval.config import add_config_args, config_from_args
 from ...encoders.retrieval.metrics import check_depth
-from ..kit.checks import check_gpu, check_model_folder, check_plan, glue_option_values
-from ..kit.command import (
-    FINETUNE_FLAGS,
-    FINETUNE_TYPES,
-    quiet_libraries,
-    read_corpus,
-    report_stage_error,
-)
-from ..kit.heldout import blocks_needed, plan_valid_docs
-from ..kit.interrupt import Interrupted, handle_interrupts
-from ..kit.layout import COMPARISON, Plan
+from ..kit.checks import check_gpu, check_model_folder
+from ..kit.command import FINETUNE_FLAGS, FINETUNE_TYPES, run_command
+from ..kit.corpus import read_corpus
+from ..kit.heldout import plan_held_out
 from ..kit.objectives import OBJECTIVES, ORDER, PretrainSettings, check_fairseq_args, parse_objectives
+from .checks import check_plan
 from .pipeline import Comparison
+from .plan import COMPARISON, Plan
 from .presets import PRESETS
 from .report import METRICS
 
@@ -157,37 +150,18 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         raise ValueError("--tokens-per-sample must be >= 8")
     cfg = config_from_args(args, FINETUNE_FLAGS, show_progress=False)
     cfg.validate()
-    settings = PretrainSettings(
-        encoder_args=shlex.split(args.encoder_args),
-        tokens_per_sample=args.tokens_per_sample,
-        batch_size=args.batch_size,
-        update_freq=args.update_freq,
-        updates=args.updates,
-        warmup=args.warmup,
-        lr=args.lr,
-        validate_every=args.validate_every,
-        probe_size=args.probe_size,
-        fairseq_args=shlex.split(args.fairseq_args),
-        gpu=args.gpu,
-        save_every=max(50, args.updates // 10),
-    )
+    settings = PretrainSettings.from_args(args, save_every=max(50, args.updates // 10))
     # CPDAE needs an even batch: refused now, not after an hour
     batches = [settings.batch_for(OBJECTIVES[o]) for o in objectives]
     docs = read_corpus(corpus)
-    valid_blocks = blocks_needed(batches, args.probe_size, settings.fairseq_args) if args.validate_every else 0
-    valid_docs, max_valid_docs = plan_valid_docs(corpus, docs, valid_blocks, args.tokens_per_sample, args.valid_docs)
-    seeds = [args.seed + i for i in range(args.seeds)]
-    resolved = {k: v for k, v in vars(args).items()}
     plan = Plan(
-        out=Path(args.out).resolve(),
+        **Plan.as_flagged(args, argv, prog),
+        **plan_held_out(corpus, docs, batches, settings, args.valid_docs),
         objectives=objectives,
-        seeds=seeds,
+        seeds=[args.seed + i for i in range(args.seeds)],
         corpus=corpus,
         init=init,
         vocab_size=args.vocab_size,
-        valid_docs=valid_docs,
-        valid_blocks=valid_blocks,
-        max_valid_docs=max_valid_docs,
         pretrain=settings,
         generator_args=shlex.split(args.generator_args),
         generator_updates=args.generator_updates,
@@ -198,14 +172,9 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
         finetune=cfg,
         fractions=_fractions(args.fractions),
         max_seq_length=args.max_seq_length,
-        k=args.k,
-        resamples=args.resamples,
         cos_lengths=_lengths(args.cos_lengths),
         cos_pairs=args.cos_pairs,
-        threads=args.threads,
-        command=shlex.join(["python", prog, *argv]),
         preset=args.preset,
-        settings=resolved,
     )
     check_plan(plan, docs)
     if init is not None:  # weights, tokenizer and vocabulary of the model the import stage will read
@@ -216,36 +185,10 @@ def build_plan(args: argparse.Namespace, argv: List[str], prog: str):
 
 def main(argv: Optional[List[str]] = None, prog: str = "examples/compare_objectives.py") -> int:
     """The command: a result table, ``error:`` and exit 2, or, on SIGINT/SIGTERM/SIGHUP, every child
-    stopped and 128 + the signal number (interrupt.py)."""
-    with handle_interrupts():
-        try:
-            return _main(argv, prog)
-        except Interrupted as e:
-            print(f"interrupted ({signal.Signals(e.signum).name}); rerun the same command to resume", file=sys.stderr)
-            return e.exit_code
+    stopped and 128 + the signal number (kit/interrupt.py)."""
+    return run_command(argv, prog, parser, OPTION_LISTS, build_plan, _run)
 
 
-def _main(argv: Optional[List[str]], prog: str) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(glue_option_values(argv, OPTION_LISTS))
-    quiet_libraries()
-    try:
-        plan = build_plan(args, argv, prog)
-    except (ValueError, OutputError) as e:
-        return report(e)
-    if not args.gpu:  # fine-tuning and encoding in this process: as --flush-denormal in pre-training
-        import torch
-
-        torch.set_flush_denormal(True)
-    try:
-        # everything that can be refused was checked before --out is created or touched
-        COMPARISON.claim(plan.out)
-        COMPARISON.lock(plan.out)
-        result = Comparison(plan).run()
-    except Exception as e:
-        code = report_stage_error(e)
-        if code is None:
-            raise
-        return code
-    print(result["markdown"])
-    return 0
+def _run(plan: Plan) -> str:
+    COMPARISON.take(plan.out)
+    return Comparison(plan).run()["markdown"]

@@ -30,8 +30,9 @@ from ...encoders.retrieval.evaluate import evaluate_model
 from ...encoders.retrieval.metrics import write_trec_run
 from ...encoders.retrieval.search import load_model
 from ...encoders.retrieval.training import finetune
-from ..kit.layout import corpus_documents, fraction_label, log
+from ..kit.corpus import corpus_documents
 from ..kit.objectives import OBJECTIVES
+from .plan import fraction_label, log
 from .report import METRICS
 
 SIMILARITY_CHARS = 1_000_000  # text the [CLS]-cosine windows are cut from

@@ -14,13 +14,14 @@ from typing import Any, Dict, List, Mapping, Optional
 from ...base.fileio import write_json_atomic, write_text_atomic
 from ...base.retrieval_data import load_data
 from ...encoders.retrieval.metrics import aggregate, evaluate, per_query, read_trec_run
-from ..kit.layout import fraction_label, run_name
 from ..kit.logs import final_diagnostics, read_valid
-from ..kit.objectives import MLM_BASELINE, OBJECTIVES, eval_models
+from ..kit.objectives import OBJECTIVES
 from ..kit.roundtrip import first_sentence, statement
 from ..kit.stats import aggregate_seeds, document_p, fmt_mean_std, fmt_p, mean_std, paired_p
 from ..measure.flops import BATCHES
 from . import plots
+from .objectives import MLM_BASELINE, eval_models
+from .plan import fraction_label, run_name
 
 METRICS = ("MRR@10", "R@100", "nDCG@10")
 

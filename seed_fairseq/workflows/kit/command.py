@@ -1,10 +1,11 @@
-"""What the command lines of the workflows share: the fine-tuning flags, the corpus, quiet libraries and
-the one-line report of a stage's error."""
+"""What the command lines of the workflows share: the fine-tuning flags, quiet libraries, the one-line
+report of a stage's error, and the command itself (flags -> plan -> run -> its report, or ``error:``)."""
 
+import argparse
 import os
+import signal
 import sys
-from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 from preprocess.errors import PreprocessError
 
@@ -13,9 +14,11 @@ from ...base.retrieval_data import DataFormatError
 from ...encoders.retrieval.cli import report
 from ...encoders.retrieval.config import flag_of
 from ...encoders.retrieval.index import SearchError
-from .layout import StageError, corpus_documents
+from .checks import glue_option_values
+from .folder import StageError
+from .interrupt import Interrupted, handle_interrupts
 
-# FinetuneConfig field -> the comparison's flag: its own names (the epochs, batch size and
+# FinetuneConfig field -> the workflows' flag: their own names (the epochs, batch size and
 # learning rate of fine-tuning under ft-), the flags and help generated from the fields
 FT_PREFIXED = ("epochs", "batch_size", "lr")
 FINETUNE_FLAGS = {
@@ -23,16 +26,6 @@ FINETUNE_FLAGS = {
     for name in ("negatives", "loss", "num_negatives", *FT_PREFIXED, "encode_batch_size", "index")
 }
 FINETUNE_TYPES = {"lr": float}  # --ft-lr: checked by FinetuneConfig.validate (finetune.py: by argparse)
-
-
-def read_corpus(corpus: Path) -> List[List[str]]:
-    """Its documents: the held-out set and the derived retrieval set are planned from them."""
-    try:
-        return corpus_documents(corpus)
-    except UnicodeDecodeError as e:
-        raise OutputError(corpus, f"--corpus: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    except OSError as e:
-        raise OutputError(corpus, f"--corpus: cannot be read ({e.strerror})") from None
 
 
 def quiet_libraries() -> None:
@@ -56,3 +49,46 @@ def report_stage_error(e: Exception) -> Optional[int]:
         return report(e)
     line = storage_line(e)  # a full disk or file-size limit (runs, reports, plots)
     return None if line is None else report(line)
+
+
+def run_command(
+    argv: Optional[List[str]],
+    prog: str,
+    make_parser: Callable[[], argparse.ArgumentParser],
+    option_lists: Sequence[str],
+    build: Callable[[argparse.Namespace, List[str], str], Any],
+    run: Callable[[Any], str],
+) -> int:
+    """A workflow's command: ``build`` the plan from the flags (refusals: ``error:`` and exit 2, before
+    anything is written), ``run`` it and print what it returns (its report); on SIGINT/SIGTERM/SIGHUP
+    every child stopped (interrupt.py) and 128 + the signal number.  ``option_lists``: the flags whose
+    value is a list of fairseq-train options (``--fairseq-args "--fp16"``, as the docs write it)."""
+    with handle_interrupts():
+        try:
+            return _command(list(sys.argv[1:] if argv is None else argv), prog, make_parser, option_lists, build, run)
+        except Interrupted as e:
+            print(f"interrupted ({signal.Signals(e.signum).name}); rerun the same command to resume", file=sys.stderr)
+            return e.exit_code
+
+
+def _command(argv: List[str], prog: str, make_parser, option_lists, build, run) -> int:
+    args = make_parser().parse_args(glue_option_values(argv, option_lists))
+    quiet_libraries()
+    try:
+        plan = build(args, argv, prog)
+    except (ValueError, OutputError) as e:  # DataFormatError is a ValueError
+        return report(e)
+    if not args.gpu:  # fine-tuning and encoding in this process: as --flush-denormal in pre-training
+        import torch
+
+        torch.set_flush_denormal(True)
+    try:
+        # everything that can be refused was checked before --out is created or touched
+        text = run(plan)
+    except Exception as e:
+        code = report_stage_error(e)
+        if code is None:
+            raise
+        return code
+    print(text)
+    return 0

@@ -1,5 +1,6 @@
 """A workflow's ``--out``: the tool's own folder (its record claims it; a rerun resumes it; someone
-else's folder is refused) with one run at a time in it, and the tool's log line."""
+else's folder is refused) with one run at a time in it, its stages' folders and records, the error
+a stage reports, and the tool's log line."""
 
 import json
 import sys
@@ -8,7 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ...base.fileio import check_output_dir, lock_folder, write_json_atomic
+from ...base.fileio import OutputError, check_output_dir, lock_folder, write_json_atomic
+
+STATE = ".stages"  # OUT/.stages/: the stage records (preprocess.stages.Runner)
+
+
+class StageError(Exception):
+    """A stage failed in a way the user can act on; ``str()`` is ``PATH: problem``."""
+
+    def __init__(self, path, problem: str, detail: str = ""):
+        self.path, self.problem, self.detail = str(path), problem, detail
+        super().__init__(f"{self.path}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,11 @@ class ToolFolder:
         """One run per ``out``, held for the process's life (``fileio.lock_folder``, the lock every tool takes)."""
         return lock_folder(out, f"another {self.what} is running in this folder", lock_file=".lock")
 
+    def take(self, out: Path) -> None:
+        """``out`` claimed and locked: this tool's folder, with this run the only one in it."""
+        self.claim(out)
+        self.lock(out)
+
 
 def tool_log(name: str) -> Callable[[str], None]:
     """``[name HH:MM:SS] message`` on stderr, flushed: the tool's progress lines."""
@@ -48,3 +64,30 @@ def tool_log(name: str) -> Callable[[str], None]:
         print(f"[{name} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     return log
+
+
+def check_stage_folders(out: Path, runner, owner: str) -> None:
+    """Refuse, before any stage of ``runner`` runs, a stage folder ``owner`` (the tool, in words)
+    cannot own: one that holds files while no stage of the tool ever started there (someone
+    else's), or one reached through a symbolic link or a file (a redo deletes only inside
+    ``out``, never through a link).  A started stage's folder may hold the user's files too:
+    redoing the stage deletes only the files it writes (``Stage.writes``)."""
+    for stage in runner.stages:
+        if stage.folder is None:
+            continue
+        path = out
+        for part in Path(stage.folder).parts:
+            path = path / part
+            if path.is_symlink() or (path.exists() and not path.is_dir()):
+                raise OutputError(
+                    path,
+                    f"is a {'symbolic link' if path.is_symlink() else 'file'} where {owner} keeps its "
+                    f"{stage.folder} folder; it writes and deletes only inside --out: move it away",
+                )
+        folder = out / stage.folder
+        if folder.is_dir() and any(folder.iterdir()) and not runner.started_marker(stage.name).exists():
+            raise OutputError(
+                folder,
+                "holds files this tool did not write there (no stage record for it); move them away or "
+                "choose another --out",
+            )

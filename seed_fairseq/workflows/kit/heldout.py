@@ -1,4 +1,4 @@
-"""How many documents the comparison holds out for validation: enough blocks for a batch and the probe.
+"""How many documents a workflow holds out for validation: enough blocks for a batch and the probe.
 
 fairseq validates in batches of ``--batch-size`` blocks and drops a last batch
 whose size is not a multiple of ``--required-batch-size-multiple`` (default 8):
@@ -18,13 +18,15 @@ held-out set is sized in blocks, and ``--valid-docs`` is its least size:
   as the task cuts them (``count_blocks``: fairseq's ``TokenBlockDataset``);
   too few, and the split is built again with proportionally more documents, at
   most a quarter of the corpus (``more_valid_docs``; ``build_data``, the data stage
-  of the comparison and of the adaptation, ``seed_fairseq/workflows/adapt``).
+  of every workflow, ``kit.pipeline``).
 """
 
 import argparse
 import math
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+
+from .folder import StageError
 
 REQUIRED_BATCH_SIZE_MULTIPLE = 8  # fairseq's default --required-batch-size-multiple
 MAX_SHARE = 4  # documents held out automatically: at most 1 / MAX_SHARE of the corpus
@@ -98,6 +100,14 @@ def plan_valid_docs(
     return min(cap, max(least, math.ceil(MARGIN * need / per_doc))), cap
 
 
+def plan_held_out(corpus: Path, docs: List[List[str]], batch_sizes: Iterable[int], settings, least: int) -> dict:
+    """A plan's ``valid_docs``, ``valid_blocks`` and ``max_valid_docs``: the blocks every run of the
+    ``PretrainSettings`` ``settings`` needs (none without validation), held out of ``docs``."""
+    need = blocks_needed(batch_sizes, settings.probe_size, settings.fairseq_args) if settings.validate_every else 0
+    first, most = plan_valid_docs(corpus, docs, need, settings.tokens_per_sample, least)
+    return {"valid_docs": first, "valid_blocks": need, "max_valid_docs": most}
+
+
 def more_valid_docs(valid_docs: int, blocks: int, need: int, cap: int) -> int:
     """Documents to hold out next when ``valid_docs`` gave ``blocks`` < ``need`` (``valid_docs``: no more allowed)."""
     return min(cap, max(valid_docs + 1, math.ceil(MARGIN * valid_docs * need / max(1, blocks))))
@@ -128,18 +138,17 @@ def build_data(
     threads: int,
     tokenizer: Optional[Path] = None,
     vocab_size: Optional[int] = None,
-    say: Optional[Callable[[str], None]] = None,
+    *,
+    say: Callable[[str], None],
 ) -> dict:
     """``preprocess.build`` of ``corpus`` into ``data_bin`` with a valid split of at least
     ``valid_blocks`` blocks (held out again with more documents while it has fewer); the
-    model's ``tokenizer`` (an import folder) or a new vocabulary of ``vocab_size``.
-    ``{"valid_docs", "valid_blocks"}``; a :class:`StageError` when the corpus cannot give them."""
+    model's ``tokenizer`` (an import folder) or a new vocabulary of ``vocab_size``; ``say``: the
+    workflow's log line.  ``{"valid_docs", "valid_blocks"}``; a :class:`StageError` when the
+    corpus cannot give them."""
     from preprocess.build import build
     from preprocess.record import load_record
 
-    from .layout import StageError, log
-
-    say = say or log
     options = dict(test_docs=0, workers=max(1, min(2, threads)), seed=1, max_line_pieces=tokens_per_sample - 2)
     if tokenizer is not None:
         options["tokenizer"] = str(tokenizer)

@@ -1,4 +1,4 @@
-"""Stopping the comparison stops everything it started.
+"""Stopping a workflow's driver stops everything it started.
 
 SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` in the driver's main
 thread (``handle_interrupts``) wherever it is: an in-process stage (data,

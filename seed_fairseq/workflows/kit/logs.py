@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Dict, List
 
 VALID_TAG = "| valid | "
-TRAIN_TAG = "| train | "
 TRAIN_INNER_TAG = "| train_inner | "
 
 
@@ -33,11 +32,6 @@ def _rows(path: Path, tag: str) -> List[Dict[str, float]]:
 def read_valid(path) -> List[Dict[str, float]]:
     """Every ``| valid |`` row of a log ({"num_updates", "loss", "dec_loss", "cls_cosine", ...})."""
     return _rows(path, VALID_TAG)
-
-
-def read_train(path) -> List[Dict[str, float]]:
-    """Every end-of-epoch ``| train |`` row (``wall``, ``train_wall``, ``num_updates`` ...)."""
-    return _rows(path, TRAIN_TAG)
 
 
 def read_train_inner(path) -> List[Dict[str, float]]:

@@ -1,9 +1,10 @@
-"""The objectives the comparison runs, as ``fairseq-train`` arguments over ONE encoder.
+"""The objectives the workflows run, as ``fairseq-train`` arguments over ONE encoder.
 
-Every objective gets the same encoder options (``--encoder-*`` from the preset, or
-an imported model's ``model_args.txt``), data, blocks, optimiser, schedule, update
-count and seed; only the task, criterion, architecture (its pre-training heads)
-and the objective's own settings (its paper's masking rates, loss weights) differ.
+Every objective gets the same encoder options (``--encoder-*`` given, or an imported
+model's ``model_args.txt``), data, blocks, optimiser, schedule, update count and
+seed (:class:`PretrainSettings`); only the task, criterion, architecture (its
+pre-training heads) and the objective's own settings (its paper's masking rates,
+loss weights) differ.
 The architectures are the ``*_base`` ones: with the encoder sizes given
 explicitly, their decoders follow the encoder's width, as in the papers.
 
@@ -17,8 +18,10 @@ fairseq-train can load (the plugin's own, or one whose description names its
 another ``--user-dir`` runs when named.
 """
 
-from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+import argparse
+import shlex
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ...base.objectives import ObjectiveDescription
 from .argv import ADAM_OPTIMIZERS, DEFAULT_OPTIMIZER, GENERATOR, train_args
@@ -26,6 +29,9 @@ from .argv import ADAM_OPTIMIZERS, DEFAULT_OPTIMIZER, GENERATOR, train_args
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
+    """One objective as the workflows run it: the fields of its description they read, by its
+    ``--objectives`` name."""
+
     name: str
     label: str
     task: str
@@ -45,11 +51,16 @@ class ObjectiveSpec:
     # what the report and the help texts say of it (seed_fairseq/base/objectives.py)
     description: Optional[ObjectiveDescription] = None
 
+    def fingerprint_identity(self) -> str:
+        """What a stage's fingerprint holds of it (``preprocess.stages.jsonable``): its name.  The rest
+        is its registered description's, the code's own (and a callable, ``matches``, is no JSON)."""
+        return self.name
+
 
 class _Registered(Mapping):
-    """The plugin's registered objectives as comparison specs, by their ``--objectives`` name,
-    in table order.  Read from the task classes' descriptions (``seed_fairseq.base.objectives``) on
-    first use, not at import: listing them imports fairseq, the comparison library does not."""
+    """The plugin's registered objectives as specs, by their ``--objectives`` name, in table order.
+    Read from the task classes' descriptions (``seed_fairseq.base.objectives``) on first use, not at
+    import: listing them imports fairseq, the workflows' libraries do not."""
 
     def __init__(self):
         self._specs: Optional[Dict[str, ObjectiveSpec]] = None
@@ -103,33 +114,6 @@ class _Order(Sequence):
 
 OBJECTIVES: Mapping[str, ObjectiveSpec] = _Registered()
 ORDER: Sequence[str] = _Order()
-MLM_BASELINE = "mlm"
-
-
-@dataclass(frozen=True)
-class EvalModel:
-    """One evaluated row: an objective's model with one representation."""
-
-    objective: str
-    representation: str
-
-    @property
-    def key(self) -> str:
-        # an objective evaluated one way is its name; DupMAE's two rows are dupmae+dupmae and dupmae+own
-        if len(OBJECTIVES[self.objective].representations) == 1:
-            return self.objective
-        return f"{self.objective}+{self.representation}"
-
-    @property
-    def label(self) -> str:
-        spec = OBJECTIVES[self.objective]
-        if len(spec.representations) == 1:
-            return spec.label
-        return f"{spec.label} ({'dense+sparse' if self.representation == 'dupmae' else 'dense only'})"
-
-
-def eval_models(objectives: List[str]) -> List[EvalModel]:
-    return [EvalModel(o, r) for o in objectives for r in OBJECTIVES[o].representations]
 
 
 def parse_objectives(text: str) -> List[str]:
@@ -143,19 +127,6 @@ def parse_objectives(text: str) -> List[str]:
     if len(set(names)) != len(names):
         raise ValueError("--objectives: an objective is listed twice")
     return names
-
-
-def parse_objective(text: str) -> ObjectiveSpec:
-    """One objective's name (adapt's ``--objective``) -> its spec (its description in it); ValueError
-    names what is wrong: none, several, an unknown name."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise ValueError(f"--objective: none given; choose from {','.join(ORDER)}")
-    if len(names) > 1:
-        raise ValueError("--objective: one objective (examples/compare_objectives.py compares several)")
-    if names[0] not in OBJECTIVES:
-        raise ValueError(f"--objective: unknown {names[0]}; choose from {','.join(OBJECTIVES)}")
-    return OBJECTIVES[names[0]]
 
 
 @dataclass
@@ -175,6 +146,17 @@ class PretrainSettings:
     gpu: bool = False
     save_every: int = 0
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **given: Any) -> "PretrainSettings":
+        """The settings of the flags of the same names (``--encoder-args`` and ``--fairseq-args`` split
+        as a shell would), and ``given``: the ones the workflow resolves itself."""
+        values = dict(given)
+        for f in fields(cls):
+            if f.name not in values:
+                value = getattr(args, f.name)
+                values[f.name] = shlex.split(value) if f.name in ("encoder_args", "fairseq_args") else value
+        return cls(**values)
+
     def batch_for(self, spec: ObjectiveSpec) -> int:
         b = self.batch_size * spec.texts_per_update_factor
         if b != int(b) or b < 1:
@@ -183,57 +165,6 @@ class PretrainSettings:
                 "whole number of texts (two views each); use an even --batch-size"
             )
         return int(b)
-
-
-# fairseq-train options that set the schedule's lengths and intervals, not what one update computes
-SCHEDULE_OPTIONS = (
-    "--warmup-updates",
-    "--total-num-update",
-    "--max-update",
-    "--validate-interval-updates",
-    "--save-interval-updates",
-)
-
-
-# What one update computes of the settings (every field but the schedule's lengths and
-# intervals): the FLOPs stage reads these, and counts with ``per_update_settings``.
-PER_UPDATE_FIELDS = tuple(
-    f"pretrain.{name}"
-    for name in ("encoder_args", "tokens_per_sample", "batch_size", "update_freq", "lr", "fairseq_args", "gpu")
-)
-
-
-def per_update_settings(s: PretrainSettings) -> PretrainSettings:
-    """``s`` with its schedule's lengths and intervals set to fixed values (1 update, no warm-up,
-    no validation): the settings one update's FLOPs are counted with.  Reads only the fields of
-    ``PER_UPDATE_FIELDS``."""
-    return PretrainSettings(
-        encoder_args=list(s.encoder_args),
-        tokens_per_sample=s.tokens_per_sample,
-        batch_size=s.batch_size,
-        update_freq=s.update_freq,
-        updates=1,
-        warmup=0,
-        lr=s.lr,
-        validate_every=0,
-        probe_size=0,
-        fairseq_args=list(s.fairseq_args),
-        gpu=s.gpu,
-        save_every=1,
-    )
-
-
-def per_update_args(args: List[str]) -> List[str]:
-    """``args`` without the schedule options (each followed by its value): what a FLOPs count depends on."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in SCHEDULE_OPTIONS:
-            skip = True
-        else:
-            out.append(a)
-    return out
 
 
 def common_args(s: PretrainSettings) -> List[str]:

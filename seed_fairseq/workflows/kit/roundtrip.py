@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from .folder import StageError
+
 ATOL = 1e-5  # the import's and the export's own tolerance against the model they read
 SAMPLE = 256  # texts compared: half queries, half passages of the evaluation split
 
@@ -78,7 +80,6 @@ def export_and_compare(imported: Path, given: Path, out: Path, data, device: str
     export fails."""
     from ...encoders.hf.export import ExportError, export
     from ...encoders.hf.import_ import CHECKPOINT
-    from .layout import StageError
 
     try:
         export(imported / CHECKPOINT, imported, out, force=True, representation="own")

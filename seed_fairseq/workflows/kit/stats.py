@@ -102,11 +102,3 @@ def fmt_mean_std(agg: Mapping[str, Optional[float]], digits: int = 3) -> str:
 
 def fmt_p(p: Optional[float]) -> str:
     return "-" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def transpose(rows: List[Dict[str, float]]) -> Dict[str, List[float]]:
-    out: Dict[str, List[float]] = {}
-    for row in rows:
-        for k, v in row.items():
-            out.setdefault(k, []).append(v)
-    return out

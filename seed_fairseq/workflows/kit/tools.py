@@ -4,10 +4,10 @@ logged to a file (stopped with the driver: interrupt.py)."""
 import os
 import shlex
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
+from .folder import StageError
 from .interrupt import run_child
-from .layout import StageError, log
 
 
 def child_env(threads: Optional[int] = None) -> Dict[str, str]:
@@ -28,8 +28,10 @@ def child_env(threads: Optional[int] = None) -> Dict[str, str]:
     return env
 
 
-def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool = False, say=log) -> None:
-    """Run a command-line tool with its output in ``log_file``; :class:`StageError` with its tail on failure."""
+def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], *, say: Callable[[str], None],
+               append: bool = False) -> None:  # fmt: skip
+    """Run a command-line tool with its output in ``log_file`` (its command line: ``say``, the workflow's
+    log line); :class:`StageError` with its tail on failure."""
     cmd = [str(c) for c in cmd]
     say(" ".join(shlex.quote(c) for c in cmd))
     with open(log_file, "a" if append else "w", encoding="utf-8") as f:
@@ -37,4 +39,3 @@ def run_logged(cmd: List[str], log_file: Path, env: Dict[str, str], append: bool
     if returncode != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise StageError(log_file, f"{Path(cmd[0]).name} failed (exit {returncode}); see this log", tail)
-
