@@ -212,14 +212,19 @@ class BottleneckEncoderModel(RobertaModel):
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
-        eps = safe_getattr(args, "encoder_layer_norm_eps", None)
-        if eps is not None:
-            # fairseq builds every LayerNorm with eps 1e-5 and has no option for it
-            # (apex's FusedLayerNorm, used when installed, also reads .eps)
-            for module in self.encoder.modules():
-                if "LayerNorm" in type(module).__name__ and hasattr(module, "eps"):
-                    module.eps = float(eps)
+        self.set_layer_norm_eps(self.encoder, safe_getattr(args, "encoder_layer_norm_eps", None))
         self.set_pooling()  # build_model sets the task's
+
+    @staticmethod
+    def set_layer_norm_eps(module: torch.nn.Module, eps: Optional[float]) -> None:
+        """``--encoder-layer-norm-eps`` on every LayerNorm of ``module`` (the encoder, and a head built
+        like its layers); None: fairseq's 1e-5.  fairseq builds every LayerNorm with eps 1e-5 and has no
+        option for it (apex's FusedLayerNorm, used when installed, also reads .eps)."""
+        if eps is None:
+            return
+        for m in module.modules():
+            if "LayerNorm" in type(m).__name__ and hasattr(m, "eps"):
+                m.eps = float(eps)
 
     def set_pooling(self, pooling: str = "cls", similarity: str = "dot", unnormalized: bool = False) -> None:
         """How the encoder's features become one vector per text: ``pooling`` (:func:`pool`) for
