@@ -12,6 +12,7 @@ from helpers import check
 from objectives import BY_NAME
 from test_contract import SGD_NO_STEP, build, records, train_cmd
 
+from seed_fairseq.pretrain.checkpoint import load_torch_file
 from seed_fairseq.pretrain.data.document_spans import FixedSpanPairs, SpanPairs, document_spans
 
 COCONDENSER = BY_NAME["cocondenser"]
@@ -292,11 +293,11 @@ def test_stage_2_continues_stage_1_with_its_head(contract_data, tmp_path):
     """The papers' two stages (docs/objectives/condenser.md): coCondenser from a Condenser checkpoint
     takes its head too (an update at learning rate 0 leaves the weights as loaded)."""
     check(train_cmd(BY_NAME["condenser"], contract_data, tmp_path / "stage1", max_update=2))
-    stage_1 = torch.load(tmp_path / "stage1" / "checkpoint_last.pt", weights_only=False)["model"]
+    stage_1 = load_torch_file(tmp_path / "stage1" / "checkpoint_last.pt")["model"]
     start = ("--finetune-from-model", str(tmp_path / "stage1" / "checkpoint_last.pt"))
     proc = check(train_cmd(COCONDENSER, contract_data, tmp_path / "stage2", *start, max_update=1, optim=SGD_NO_STEP))
     assert "keeping the freshly initialised" not in proc.stderr + proc.stdout
-    stage_2 = torch.load(tmp_path / "stage2" / "checkpoint_last.pt", weights_only=False)["model"]
+    stage_2 = load_torch_file(tmp_path / "stage2" / "checkpoint_last.pt")["model"]
     head = [k for k in stage_1 if k.startswith("condenser_head.")]
     assert len(head) > 10 and set(stage_2) == set(stage_1)
     for key in stage_1:

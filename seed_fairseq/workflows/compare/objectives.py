@@ -6,6 +6,7 @@ dense vector alone), its baseline, and the settings one update's FLOPs are count
 from dataclasses import dataclass
 from typing import List
 
+from ..kit.argv import without_options
 from ..kit.objectives import OBJECTIVES, PretrainSettings
 
 MLM_BASELINE = "mlm"  # the row every other is tested against
@@ -77,12 +78,4 @@ def per_update_settings(s: PretrainSettings) -> PretrainSettings:
 
 def per_update_args(args: List[str]) -> List[str]:
     """``args`` without the schedule options (each followed by its value): what a FLOPs count depends on."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in SCHEDULE_OPTIONS:
-            skip = True
-        else:
-            out.append(a)
-    return out
+    return without_options(args, SCHEDULE_OPTIONS)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ...base.fileio import write_text_atomic
-from ..kit.argv import DEFAULT_OPTIMIZER
+from ..kit.argv import DEFAULT_OPTIMIZER, without_options
 from . import report
 from .budget import MIN_UPDATES, Budget, OutOfTime, profile_seconds, updates_that_fit
 from .inputs import describe_data
@@ -263,9 +263,9 @@ class GpuCheck:
         processes = 2 if self.p.dry_run else min(2, self.p.gpus)
         ddp = "legacy_ddp" if self.p.device == "cpu" else "pytorch_ddp"
         args = [*setup, *self.p.run_args([], self.p.reference, batch, 1)]
-        args = _without(args, ("--optimizer", "--lr", "--lr-scheduler", "--clip-norm", "--weight-decay"))
-        args = _without(args, ("--adam-betas", "--adam-eps", "--warmup-updates", "--total-num-update", "--max-update"))
-        args = _without(args, ("--batch-size",))
+        args = without_options(args, ("--optimizer", "--lr", "--lr-scheduler", "--clip-norm", "--weight-decay"))
+        args = without_options(args, ("--adam-betas", "--adam-eps", "--warmup-updates", "--total-num-update"))
+        args = without_options(args, ("--max-update", "--batch-size"))
         atol, rtol = (1e-6, 1e-4) if self.p.device == "cpu" else (1e-5, 1e-3)
         dp_dir = self.work / "data-parallel"
         dp_dir.mkdir(parents=True, exist_ok=True)
@@ -410,16 +410,3 @@ class GpuCheck:
             self.attempt(f"encode {precision}", self.encoding, precision)
         self.attempt("faiss", self.faiss)
         return self.write_report()
-
-
-def _without(args: List[str], options) -> List[str]:
-    """``args`` without each of ``options`` and the value after it."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in options:
-            skip = True
-        else:
-            out.append(a)
-    return out

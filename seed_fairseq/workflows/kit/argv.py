@@ -75,6 +75,19 @@ def train_args(
     ]  # fmt: skip
 
 
+def without_options(args: Sequence[str], options: Sequence[str]) -> List[str]:
+    """``args`` without each of ``options`` and the value after it."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
 def fairseq_bin(name: str = "fairseq-train") -> str:
     """The fairseq tool beside this interpreter (the virtual environment's)."""
     return str(Path(sys.executable).with_name(name))
